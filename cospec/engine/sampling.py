@@ -1,0 +1,71 @@
+"""Acceptance rules as pure tensor functions (no Python loop over tokens).
+
+Shapes: ``draft`` [B, K] drafted ids, ``p`` [B, K, V] drafter distributions, ``q``
+[B, K+1, V] target distributions, where ``q[:, j]`` is conditioned on ``draft[:, :j]``.
+Each rule returns ``(accepted, next_token)``: the length of the accepted prefix (0..K) and
+the token the target emits after it (correction at the first rejection, bonus after a
+fully accepted block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def warp_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature / top-k / top-p warping; applied identically to drafter and target.
+
+    Lossless sampling needs both distributions warped the same way: the rejection rule then
+    reproduces the *warped* target distribution exactly.
+    """
+    logits = logits.float() / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row of ``probs`` [..., V]."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Accept the longest prefix where the draft equals the target's argmax."""
+    target_tokens = target_logits.argmax(-1)
+    matches = draft == target_tokens[:, :-1]
+    accepted = matches.long().cumprod(-1).sum(-1)
+    next_token = target_tokens.gather(1, accepted[:, None]).squeeze(1)
+    return accepted, next_token
+
+
+def speculative_accept(
+    draft: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless rejection sampling (Leviathan et al.; Chen et al.).
+
+    Accept d_j with probability min(1, q_j(d_j) / p_j(d_j)); at the first rejection sample
+    from norm(max(q_j - p_j, 0)); after a fully accepted block sample the bonus from q_{K+1}.
+    """
+    batch, k = draft.shape
+    p_draft = p.gather(-1, draft[..., None]).squeeze(-1)
+    q_draft = q[:, :k].gather(-1, draft[..., None]).squeeze(-1)
+    u = torch.rand(p_draft.shape, generator=generator, device=p.device)
+    accept = u * p_draft < q_draft
+    accepted = accept.long().cumprod(-1).sum(-1)
+    p_padded = torch.cat([p, p.new_zeros((batch, 1, p.shape[-1]))], dim=1)
+    rows = torch.arange(batch, device=p.device)
+    residual = (q[rows, accepted] - p_padded[rows, accepted]).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), q[rows, accepted])
+    return accepted, sample(residual, generator)
