@@ -90,6 +90,25 @@ def test_slim_verifier_shares_weights_and_leaves_target_unaffected(tiny_llama):
     assert len(dict(target.named_parameters())) == len(target_params)
 
 
+@torch.no_grad()
+def test_output_hidden_states_stay_right_for_both_models(tiny_llama):
+    """HF's lazily installed output-capturing hooks must not double up on shared modules."""
+    target = tiny_llama(num_layers=5, attn_implementation="eager")
+    ids = _ids(target.config.vocab_size)
+    reference = copy.deepcopy(target)(ids, output_hidden_states=True, output_attentions=True)
+    slim = build_slim_verifier(target, SOME_SKIPS)
+
+    slim_out = slim(ids, output_hidden_states=True, output_attentions=True)
+    target_out = target(ids, output_hidden_states=True, output_attentions=True)
+
+    assert len(slim_out.hidden_states) == 6
+    assert len(slim_out.attentions) == 3  # layers 1 and 2 skip their attention
+    assert len(target_out.hidden_states) == 6
+    assert len(target_out.attentions) == 5
+    for got, expected in zip(target_out.hidden_states, reference.hidden_states, strict=True):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @torch.no_grad()
 def test_incremental_decoding_matches_full_forward(tiny_llama, attn_implementation):

@@ -7,10 +7,13 @@ help text in ``metadata`` so the same dataclass can back a CLI or a YAML config.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from cospec.bandit import BanditConfig
 from cospec.errors import CoSpecError
 
 METHODS = ("target", "drafter", "spd")
+ARBITER_MODES = ("off", "threshold", "sample", "always_accept", "always_reject")
 
 
 @dataclass
@@ -40,6 +43,29 @@ class EngineConfig:
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "sdpa or eager (custom masks exclude FlashAttention)"}
     )
+    arbiter_mode: str = field(
+        default="off",
+        metadata={"help": "CoSpec decisions at mismatches: off (vanilla SPD), threshold "
+                          "(accept when P >= arbiter_threshold), sample (Bernoulli, for GRPO), "
+                          "always_accept, always_reject (sanity baselines)"},
+    )
+    arbiter_threshold: float = field(
+        default=0.5, metadata={"help": "tau: accept a mismatched draft token when P >= tau"}
+    )
+    bandit: BanditConfig | dict[str, Any] | None = field(
+        default=None,
+        metadata={"help": "MetaSD drafter bandit (policy, reward, beta, gamma, window, ...); "
+                          "required with more than one drafter"},
+    )
+    alpha_accept: float = field(
+        default=0.9,
+        metadata={"help": "VIA-SD tier 1: accept d_j when q'(d_j) / max q' >= alpha_accept"},
+    )
+    alpha_regen: float = field(
+        default=0.9,
+        metadata={"help": "VIA-SD tier 2: else replace d_j by argmax q' when max q' >= "
+                          "alpha_regen; else tier 3 asks the full target"},
+    )
     compact_threshold: float = field(
         default=0.25,
         metadata={"help": "compact the column layout when holes exceed this share of it"},
@@ -60,12 +86,32 @@ class EngineConfig:
             raise CoSpecError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.batch_size < 1:
             raise CoSpecError(f"batch_size must be >= 1, got {self.batch_size}")
+        if isinstance(self.bandit, dict):
+            try:
+                self.bandit = BanditConfig(**self.bandit)
+            except TypeError as err:
+                raise CoSpecError(f"bad bandit config: {err}") from err
+        for name in ("alpha_accept", "alpha_regen"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise CoSpecError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.arbiter_mode not in ARBITER_MODES:
+            raise CoSpecError(
+                f"unknown arbiter_mode {self.arbiter_mode!r}; choose from {list(ARBITER_MODES)}"
+            )
+        if self.arbiter_mode != "off" and self.method != "spd":
+            raise CoSpecError(f"arbiter_mode {self.arbiter_mode!r} needs method 'spd'")
+        if not 0 <= self.arbiter_threshold <= 1:
+            raise CoSpecError(f"arbiter_threshold must be in [0, 1], got {self.arbiter_threshold}")
         if not 0 < self.compact_threshold <= 1:
             raise CoSpecError(f"compact_threshold must be in (0, 1], got {self.compact_threshold}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_arbiter_model(self) -> bool:
+        return self.arbiter_mode in ("threshold", "sample")
 
     @property
     def drafts(self) -> bool:

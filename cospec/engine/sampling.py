@@ -37,13 +37,50 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
-def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Accept the longest prefix where the draft equals the target's argmax."""
+def greedy_verdicts(
+    draft: torch.Tensor, target_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy: d_j matches when it equals argmax q_j; the target's token is that argmax."""
     target_tokens = target_logits.argmax(-1)
-    matches = draft == target_tokens[:, :-1]
-    accepted = matches.long().cumprod(-1).sum(-1)
-    next_token = target_tokens.gather(1, accepted[:, None]).squeeze(1)
-    return accepted, next_token
+    return draft == target_tokens[:, :-1], target_tokens
+
+
+def speculative_verdicts(
+    draft: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless rejection sampling (Leviathan et al.; Chen et al.), at every position.
+
+    d_j passes with probability min(1, q_j(d_j) / p_j(d_j)). Where it fails, the target's
+    token is a sample of norm(max(q_j - p_j, 0)); where it passes, the target's token is d_j
+    itself; position K+1 holds the bonus sample from q_{K+1}. Sampling every position (not
+    only the first rejection) lets an arbiter look past a rejection; the walk below then
+    reproduces the target distribution exactly when every mismatch is rejected.
+    """
+    batch, k = draft.shape
+    p_draft = p.gather(-1, draft[..., None]).squeeze(-1)
+    q_draft = q[:, :k].gather(-1, draft[..., None]).squeeze(-1)
+    u = torch.rand(p_draft.shape, generator=generator, device=p.device)
+    matches = u * p_draft < q_draft
+    residual = (q - torch.cat([p, p.new_zeros((batch, 1, p.shape[-1]))], dim=1)).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), q)
+    target_tokens = sample(residual, generator)
+    target_tokens[:, :k] = torch.where(matches, draft, target_tokens[:, :k])
+    return matches, target_tokens
+
+
+def walk(accept: torch.Tensor, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept the longest prefix of accepted positions; emit the target's token after it."""
+    accepted = accept.long().cumprod(-1).sum(-1)
+    return accepted, target_tokens.gather(1, accepted[:, None]).squeeze(1)
+
+
+def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Greedy lossless SPD: the longest prefix where the draft equals the target's argmax."""
+    return walk(*greedy_verdicts(draft, target_logits))
 
 
 def speculative_accept(
@@ -52,20 +89,5 @@ def speculative_accept(
     q: torch.Tensor,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lossless rejection sampling (Leviathan et al.; Chen et al.).
-
-    Accept d_j with probability min(1, q_j(d_j) / p_j(d_j)); at the first rejection sample
-    from norm(max(q_j - p_j, 0)); after a fully accepted block sample the bonus from q_{K+1}.
-    """
-    batch, k = draft.shape
-    p_draft = p.gather(-1, draft[..., None]).squeeze(-1)
-    q_draft = q[:, :k].gather(-1, draft[..., None]).squeeze(-1)
-    u = torch.rand(p_draft.shape, generator=generator, device=p.device)
-    accept = u * p_draft < q_draft
-    accepted = accept.long().cumprod(-1).sum(-1)
-    p_padded = torch.cat([p, p.new_zeros((batch, 1, p.shape[-1]))], dim=1)
-    rows = torch.arange(batch, device=p.device)
-    residual = (q[rows, accepted] - p_padded[rows, accepted]).clamp_min(0)
-    mass = residual.sum(-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), q[rows, accepted])
-    return accepted, sample(residual, generator)
+    """Sampling lossless SPD: reproduces the (warped) target distribution exactly."""
+    return walk(*speculative_verdicts(draft, p, q, generator))

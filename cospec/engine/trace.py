@@ -81,9 +81,15 @@ class EngineStats:
     target_calls: int = 0
     target_row_forwards: int = 0
     drafter_calls: dict[int, int] = field(default_factory=dict)
+    drafter_switches: int = 0
+    slim_calls: int = 0
+    tokens_per_tier: dict[int, int] = field(default_factory=dict)
+    mismatches: int = 0
+    arbiter_accepts: int = 0
     compactions: int = 0
     seconds: dict[str, float] = field(
-        default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0, "total": 0.0}
+        default_factory=lambda: dict.fromkeys(("draft", "verify", "accept", "commit", "total"),
+                                              0.0)
     )
 
     @property
@@ -99,6 +105,11 @@ class EngineStats:
         return self.target_row_forwards / max(1, self.emitted_tokens)
 
     @property
+    def arbiter_accept_rate(self) -> float | None:
+        """Share of arbitrated mismatches where the draft token was kept."""
+        return self.arbiter_accepts / self.mismatches if self.mismatches else None
+
+    @property
     def tokens_per_second(self) -> float:
         return self.emitted_tokens / max(1e-9, self.seconds["total"])
 
@@ -108,6 +119,7 @@ class EngineStats:
             mean_accepted_length=self.mean_accepted_length,
             acceptance_rate=self.acceptance_rate,
             target_forwards_per_token=self.target_forwards_per_token,
+            arbiter_accept_rate=self.arbiter_accept_rate,
             tokens_per_second=self.tokens_per_second,
         )
         return out

@@ -1,0 +1,134 @@
+"""The ``cospec`` command line.
+
+Every subcommand turns a :class:`CoSpecError` into one ``cospec: error: ...`` line on
+stderr and exit status 2, so bad input never ends in a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from cospec.errors import CoSpecError
+from cospec.toy.world import WORLD_DIR
+
+
+def _toy_build(args: argparse.Namespace) -> None:
+    import time
+
+    from trainers.toy_pretrain import build_world
+
+    start = time.perf_counter()
+    logs = build_world(Path(args.out), seed=args.seed, max_steps=args.max_steps,
+                       workers=args.workers)
+    for log in logs:
+        print(f"{log['name']}: {log['steps']} steps, final loss {log['final_loss']:.4f}, "
+              f"{log['seconds']:.0f} s")
+    print(f"built the toy world in {args.out} in {time.perf_counter() - start:.0f} s")
+
+
+def _toy_report(args: argparse.Namespace) -> None:
+    from cospec.toy.report import build_report, print_report, write_report
+
+    world = Path(args.world)
+    if not world.is_dir():
+        raise CoSpecError(f"toy world directory {args.world!r} does not exist")
+    report = build_report(world, num_problems=args.num_problems, seed=args.seed)
+    print_report(report)
+    if args.json:
+        write_report(report, Path(args.json))
+        print(f"wrote {args.json}")
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from cospec.engine import Engine, EngineConfig
+    from cospec.render import render_sequence
+
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise CoSpecError(f"prompts file {args.prompts_file!r} does not exist")
+        prompts += [json.loads(line)["prompt"] if line.lstrip().startswith("{") else
+                    line.rstrip("\n").replace("\\n", "\n")
+                    for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise CoSpecError("give prompts with --prompt or --prompts-file")
+    config = EngineConfig(
+        method=args.method, num_draft_tokens=args.num_draft_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
+        stop_strings=args.stop or [], dtype=args.dtype,
+        attn_implementation=args.attn_implementation,
+    )
+    drafters = args.drafter or ([] if args.method == "target" else ["toy:drafter_math"])
+    engine = Engine.from_pretrained(args.target, drafters, config)
+    output = engine.generate(prompts)
+    if args.json:
+        print(json.dumps(output.to_dict()))
+        return
+    for seq in output.sequences:
+        render_sequence(seq, engine.tokenizer, color=not args.no_color)
+    s = output.stats
+    print(f"[{config.method}] {s.emitted_tokens} tokens in {s.seconds['total']:.2f} s "
+          f"({s.tokens_per_second:.1f} tok/s), mean accepted length "
+          f"{s.mean_accepted_length:.2f}, target forwards/token {s.target_forwards_per_token:.3f}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cospec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    toy = sub.add_parser("toy", help="the embedded toy world").add_subparsers(
+        dest="toy_command", required=True)
+    build = toy.add_parser("build", help="train the toy models from the recipe")
+    build.add_argument("--out", default=str(WORLD_DIR), help="output directory")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--max-steps", type=int, default=None,
+                       help="override every model's step budget (quick checks)")
+    build.add_argument("--workers", type=int, default=2, help="models trained in parallel")
+    build.set_defaults(func=_toy_build)
+    report = toy.add_parser("report", help="accuracy, union and acceptance on held-out data")
+    report.add_argument("--world", default=str(WORLD_DIR), help="toy world directory")
+    report.add_argument("--num-problems", type=int, default=500, help="per family")
+    report.add_argument("--seed", type=int, default=0)
+    report.add_argument("--json", default=None, help="also write the report to this file")
+    report.set_defaults(func=_toy_report)
+
+    gen = sub.add_parser("generate", help="decode prompts and show token provenance")
+    gen.add_argument("--target", default="toy:target", help="path, Hub id or toy:NAME")
+    gen.add_argument("--drafter", action="append", help="drafter (repeat for several)")
+    gen.add_argument("--method", default="spd", choices=["target", "drafter", "spd"])
+    gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    gen.add_argument("--prompts-file", help="one prompt per line, or JSONL with 'prompt'")
+    gen.add_argument("-k", "--num-draft-tokens", type=int, default=4)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", help="stop string (repeat for several)")
+    gen.add_argument("--batch-size", type=int, default=16)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default="float32")
+    gen.add_argument("--attn-implementation", default="sdpa")
+    gen.add_argument("--json", action="store_true", help="print results and stats as JSON")
+    gen.add_argument("--no-color", action="store_true", help="plain text output")
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], None] = args.func
+    try:
+        func(args)
+    except CoSpecError as err:
+        print(f"cospec: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
