@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
+from test_engine import PROMPTS, noisy_copy
 
 from cospec.arbiter import ArbiterModel
 from cospec.engine import Engine, EngineConfig
 from cospec.errors import CoSpecError
-from test_engine import PROMPTS, noisy_copy
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ def test_tokenizer_round_trip_and_labels(tokenizer):
     ids = tokenizer(text).input_ids
     assert ids[0] == tokenizer.bos_token_id and len(ids) == len(text) + 1
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
-    ids, mask, labels = encode_batch(tokenizer, [problem])
+    ids, _, labels = encode_batch(tokenizer, [problem])
     scored = labels[labels != -100].tolist()
     assert tokenizer.decode(scored[:-1]) == problem.solution
     assert scored[-1] == tokenizer.eos_token_id
