@@ -33,6 +33,7 @@ from cospec.engine.layout import CachedModel, Layout
 from cospec.engine.sampling import (
     greedy_verdicts,
     sample,
+    slim_tiers,
     speculative_verdicts,
     walk,
     warp_probs,
@@ -372,10 +373,9 @@ class Engine:
     def _verify(self, b: _Batch, draft: torch.Tensor, p: torch.Tensor) -> _Verdict:
         """Target verification, preceded by the slim verifier's tiers 1-2 under VIA-SD.
 
-        Tier 1: r = q'(d_j) / max q' >= alpha_accept accepts d_j. At the first position that
-        fails, tier 2 replaces d_j by argmax q' and ends the block when max q' >= alpha_regen
-        (a block accepted whole in tier 1 takes the slim verifier's bonus); otherwise tier 3
-        asks the full target about the rest of the block.
+        See :func:`slim_tiers` for tiers 1-2; rows that reach tier 3 are verified by the full
+        target from their first unsettled position on. The target runs only when some row
+        needs it.
         """
         batch, k = draft.shape
         zeros = torch.zeros(batch, dtype=torch.long, device=self.device)
@@ -385,11 +385,8 @@ class Engine:
         cfg = self.config
         slim_logits = b.slim.forward_new(b.layout, k + 1)[..., : self.vocab_size]
         qs = self._probs(slim_logits)
-        top, slim_tokens = qs.max(-1)
-        ratio = qs[:, :k].gather(-1, draft[..., None]).squeeze(-1) / top[:, :k]
-        slim_accepted = (ratio >= cfg.alpha_accept).long().cumprod(-1).sum(-1)
-        top_at_stop = top.gather(1, slim_accepted[:, None]).squeeze(1)
-        settled = (slim_accepted == k) | (top_at_stop >= cfg.alpha_regen)
+        slim_accepted, settled, slim_tokens = slim_tiers(draft, qs, cfg.alpha_accept,
+                                                         cfg.alpha_regen)
         before = torch.arange(k, device=self.device) < slim_accepted[:, None]
         need_target = ~settled
         target_rows = int(need_target.sum())

@@ -91,3 +91,23 @@ def speculative_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampling lossless SPD: reproduces the (warped) target distribution exactly."""
     return walk(*speculative_verdicts(draft, p, q, generator))
+
+
+def slim_tiers(
+    draft: torch.Tensor, slim_probs: torch.Tensor, alpha_accept: float, alpha_regen: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """VIA-SD tiers 1-2 from the slim verifier's distributions q' [B, K+1, V].
+
+    Tier 1 accepts d_j while r = q'(d_j) / max q' >= alpha_accept. At the first position
+    that fails, tier 2 settles the block with argmax q' when max q' >= alpha_regen; a block
+    accepted whole in tier 1 is settled too (its bonus is argmax q'_{K+1}). Returns the
+    number of tier-1 tokens [B], whether each row is settled [B] (else tier 3: the full
+    target verifies the rest), and the slim verifier's tokens [B, K+1].
+    """
+    k = draft.shape[1]
+    top, slim_tokens = slim_probs.max(-1)
+    ratio = slim_probs[:, :k].gather(-1, draft[..., None]).squeeze(-1) / top[:, :k]
+    slim_accepted = (ratio >= alpha_accept).long().cumprod(-1).sum(-1)
+    top_at_stop = top.gather(1, slim_accepted[:, None]).squeeze(1)
+    settled = (slim_accepted == k) | (top_at_stop >= alpha_regen)
+    return slim_accepted, settled, slim_tokens
