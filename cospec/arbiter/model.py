@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
@@ -113,6 +114,7 @@ class ArbiterModel(nn.Module):
         hidden_size = peft_model.get_base_model().config.hidden_size
         in_features = 2 * hidden_size if config.head_layout == "concat" else hidden_size
         self.peft_model = peft_model
+        self._tuner_layer_cache: list[BaseTunerLayer] | None = None
         # fp32 whatever the base dtype: it is tiny, and the BCE / policy losses want fp32 logits.
         self.head = nn.Linear(in_features, 1, device=peft_model.device, dtype=torch.float32)
         self.config = config
@@ -217,9 +219,28 @@ class ArbiterModel(nn.Module):
 
     @contextmanager
     def drafter(self) -> Iterator[PreTrainedModel]:
-        """The drafter: the shared causal LM with the adapter off, for the ``with`` block."""
-        with self.peft_model.disable_adapter():
+        """The drafter: the shared causal LM with the adapter off, for the ``with`` block.
+
+        The engine enters this every round, so it flips the tuner layers' disable flag
+        directly instead of using peft's ``disable_adapter()``, which inspects the whole
+        model and resets requires_grad flags on each call (several ms per call on a tiny
+        model). The drafter view never trains, so requires_grad can stay as it is.
+        """
+        layers = self._tuner_layers()
+        previous = [layer._disable_adapters for layer in layers]
+        for layer in layers:
+            layer._disable_adapters = True
+        try:
             yield self.peft_model.get_base_model()
+        finally:
+            for layer, flag in zip(layers, previous, strict=True):
+                layer._disable_adapters = flag
+
+    def _tuner_layers(self) -> list[BaseTunerLayer]:
+        if self._tuner_layer_cache is None:
+            self._tuner_layer_cache = [m for m in self.peft_model.modules()
+                                       if isinstance(m, BaseTunerLayer)]
+        return self._tuner_layer_cache
 
     # ---- forwards -----------------------------------------------------------------------
 
