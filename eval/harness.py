@@ -60,6 +60,8 @@ PROMPT_STYLES = ("base", "chat")
 TOY_DEFAULT_LIMIT = 500
 # Models are loaded once and shared by every method, so these are settings of the run.
 LOAD_SETTINGS = ("dtype", "attn_implementation")
+# Keys of a method entry that name models; every other key is an EngineConfig field.
+MODEL_KEYS = ("drafters", "arbiter", "slim_verifier_mask")
 SAMPLES_FILE = "samples.jsonl"
 WARMUP_TOKENS = 16
 
@@ -69,11 +71,22 @@ WARMUP_TOKENS = 16
 
 @dataclass
 class MethodSpec:
-    """One method of the run: a name, the drafters it uses and its engine settings."""
+    """One method of the run: a name, its models and its engine settings.
+
+    ``arbiter`` and ``slim_verifier_mask`` are paths, as in ``Engine.from_pretrained``.
+    """
 
     name: str = field(metadata={"help": "label in the samples, the summary and the plots"})
     drafters: list[str] | None = field(
         default=None, metadata={"help": "drafter paths for this method (default: the run's)"}
+    )
+    arbiter: str | None = field(
+        default=None,
+        metadata={"help": "CoSpec arbiter directory; it runs on this method's first drafter"},
+    )
+    slim_verifier_mask: str | None = field(
+        default=None, metadata={"help": "VIA-SD routing mask; the slim verifier is cut from "
+                                        "the target"},
     )
     engine: dict[str, Any] = field(
         default_factory=dict,
@@ -82,19 +95,26 @@ class MethodSpec:
 
     @classmethod
     def from_dict(cls, entry: Any, index: int) -> MethodSpec:
-        """A config entry ``{name, drafters?, <EngineConfig field>: value, ...}``."""
+        """A config entry ``{name, <model paths>, <EngineConfig field>: value, ...}``."""
         if not isinstance(entry, dict):
             raise CoSpecError(f"methods[{index}] must be a mapping, got {entry!r}")
-        entry = dict(entry)
-        name = entry.pop("name", None)
+        name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise CoSpecError(f"methods[{index}] needs a 'name' (a non-empty string)")
         if "method" not in entry:
             raise CoSpecError(f"method {name!r} needs a 'method' (one of the engine's methods)")
-        drafters = entry.pop("drafters", None)
-        _check_value(f"method {name!r}: drafters", drafters, list[str] | None)
-        _check_engine_settings(f"method {name!r}", entry)
-        return cls(name, drafters, entry)
+        hints = typing.get_type_hints(cls)
+        models = {k: v for k, v in entry.items() if k in MODEL_KEYS}
+        for key, value in models.items():
+            _check_value(f"method {name!r}: {key}", value, hints[key])
+        engine = {k: v for k, v in entry.items() if k not in MODEL_KEYS and k != "name"}
+        _check_engine_settings(f"method {name!r}", engine)
+        return cls(name=name, engine=engine, **models)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config entry this spec was read from (unset model paths left out)."""
+        models = {k: getattr(self, k) for k in MODEL_KEYS if getattr(self, k) is not None}
+        return {"name": self.name, **models, **self.engine}
 
 
 @dataclass
@@ -148,6 +168,8 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        self.methods = [m if isinstance(m, MethodSpec) else MethodSpec.from_dict(m, i)
+                        for i, m in enumerate(self.methods)]
         if self.benchmark not in BENCHMARK_NAMES:
             raise CoSpecError(
                 f"unknown benchmark {self.benchmark!r}; choose from {list(BENCHMARK_NAMES)}"
@@ -188,13 +210,9 @@ class EvalConfig:
                 raise CoSpecError(f"unknown eval config key {key!r}; known keys: {known}")
             if key != "methods":
                 _check_value(key, value, hints[key])
-        if "methods" not in data:
-            raise CoSpecError("the eval config needs 'methods'")
-        methods = data["methods"]
-        if not isinstance(methods, list):
-            raise CoSpecError("'methods' must be a list of {name, method, ...} entries")
-        values = dict(data, methods=[MethodSpec.from_dict(m, i) for i, m in enumerate(methods)])
-        return cls(**values)
+        if not isinstance(data.get("methods"), list):
+            raise CoSpecError("the eval config needs 'methods': a list of {name, method, ...}")
+        return cls(**data)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> EvalConfig:
@@ -223,9 +241,9 @@ class EvalConfig:
             "attn_implementation": self.attn_implementation, **self.engine, **spec.engine,
         }
 
-    def engine_config(self, spec: MethodSpec) -> EngineConfig:
+    def engine_config(self, spec: MethodSpec, **overrides: Any) -> EngineConfig:
         try:
-            return EngineConfig(**self.engine_settings(spec))
+            return EngineConfig(**{**self.engine_settings(spec), **overrides})
         except CoSpecError as err:
             raise CoSpecError(f"method {spec.name!r}: {err}") from err
 
@@ -237,11 +255,14 @@ class EvalConfig:
         """
         settings = {k: v for k, v in self.engine_settings(spec).items() if k != "batch_size"}
         blob = {"settings": settings, "target": self.target, "drafters": self.method_drafters(spec),
+                "arbiter": spec.arbiter, "slim_verifier_mask": spec.slim_verifier_mask,
                 "benchmark": self.benchmark, "prompt_style": self.prompt_style}
         return _digest(json.dumps(blob, sort_keys=True))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as YAML would hold it: ``from_dict(to_dict())`` gives it back."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return out | {"methods": [spec.to_dict() for spec in self.methods]}
 
 
 def _check_engine_settings(where: str, settings: dict[str, Any]) -> None:
@@ -251,8 +272,8 @@ def _check_engine_settings(where: str, settings: dict[str, Any]) -> None:
             raise CoSpecError(f"{where}: set {key!r} at the top level (models are loaded once "
                               "and shared by every method)")
         if key not in hints:
-            raise CoSpecError(f"{where}: unknown key {key!r}; a method takes name, drafters "
-                              f"and EngineConfig fields {sorted(hints)}")
+            raise CoSpecError(f"{where}: unknown key {key!r}; a method takes name, "
+                              f"{', '.join(MODEL_KEYS)} and EngineConfig fields {sorted(hints)}")
         _check_value(f"{where}: {key}", value, hints[key])
 
 
@@ -352,37 +373,84 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_models(
-    config: EvalConfig,
-) -> tuple[PreTrainedTokenizerBase, dict[str, PreTrainedModel]]:
-    """The target's tokenizer and every model any method uses, each loaded once."""
-    from cospec.models import check_same_vocabulary, load_model, load_tokenizer
+class ModelPool:
+    """Every model of the run, each loaded once on first use and shared between methods.
 
-    device = resolve_device(config.device)
-    tokenizer = load_tokenizer(config.target)
-    paths = [config.target]
-    for spec in config.methods:
-        paths += [p for p in config.method_drafters(spec) if p not in paths]
-    for path in paths[1:]:
-        check_same_vocabulary(tokenizer, load_tokenizer(path), path)
-    models = {
-        path: load_model(path, dtype=config.dtype, device=device,
-                         attn_implementation=config.attn_implementation)
-        for path in paths
-    }
-    return tokenizer, models
+    An arbiter's adapter is injected into its drafter's modules in place, so each arbiter
+    gets its own copy of its drafter: a shared drafter would draft with the adapter on in
+    the methods that have no arbiter.
+    """
+
+    def __init__(self, config: EvalConfig) -> None:
+        from cospec.models import check_same_vocabulary, load_tokenizer
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.tokenizer = load_tokenizer(config.target)
+        drafters = {p for spec in config.methods for p in config.method_drafters(spec)}
+        for path in sorted(drafters):  # fail before any decoding, not between methods
+            check_same_vocabulary(self.tokenizer, load_tokenizer(path), path)
+        self._models: dict[str, PreTrainedModel] = {}
+        self._arbiters: dict[tuple[str, str | None], Any] = {}
+        self._slims: dict[str, PreTrainedModel] = {}
+
+    def _load(self, path: str) -> PreTrainedModel:
+        from cospec.models import load_model
+
+        cfg = self.config
+        return load_model(path, dtype=cfg.dtype, device=self.device,
+                          attn_implementation=cfg.attn_implementation)
+
+    def model(self, path: str) -> PreTrainedModel:
+        if path not in self._models:
+            self._models[path] = self._load(path)
+        return self._models[path]
+
+    @property
+    def target(self) -> PreTrainedModel:
+        return self.model(self.config.target)
+
+    def arbiter(self, path: str, drafter: str | None) -> Any:
+        """The arbiter in ``path`` on its own copy of ``drafter`` (its recorded base if None)."""
+        from cospec.arbiter import ArbiterModel
+
+        key = (path, drafter)
+        if key not in self._arbiters:
+            cfg = self.config
+            base = self._load(drafter) if drafter is not None else None
+            self._arbiters[key] = ArbiterModel.load(
+                path, base, dtype=cfg.dtype, device=self.device,
+                attn_implementation=cfg.attn_implementation)
+        return self._arbiters[key]
+
+    def slim_verifier(self, mask_path: str) -> PreTrainedModel:
+        """The target with the mask's sublayers skipped (it shares the target's weights)."""
+        from cospec.slim import RoutingMask, build_slim_verifier
+
+        if mask_path not in self._slims:
+            self._slims[mask_path] = build_slim_verifier(self.target, RoutingMask.load(mask_path))
+        return self._slims[mask_path]
 
 
 def build_engine(
-    config: EvalConfig,
-    spec: MethodSpec,
-    tokenizer: PreTrainedTokenizerBase,
-    models: dict[str, PreTrainedModel],
+    config: EvalConfig, spec: MethodSpec, pool: ModelPool, **overrides: Any
 ) -> Engine:
-    """An engine for ``spec`` from already-loaded models (nothing is loaded here)."""
-    drafters = [models[p] for p in config.method_drafters(spec)]
+    """An engine for ``spec`` from the pool's models; ``overrides`` change EngineConfig fields.
+
+    The one place that knows the engine's constructor: a new kind of model a method needs
+    is a new :data:`MODEL_KEYS` entry, a :class:`ModelPool` loader and a line here.
+    """
+    paths = config.method_drafters(spec)
+    drafters = [pool.model(p) for p in paths]
+    arbiter = None
+    if spec.arbiter is not None:
+        arbiter = pool.arbiter(spec.arbiter, paths[0] if paths else None)
+        drafters[:1] = [arbiter.peft_model.get_base_model()]
+    slim = pool.slim_verifier(spec.slim_verifier_mask) if spec.slim_verifier_mask else None
     try:
-        return Engine(models[config.target], tokenizer, drafters, config.engine_config(spec))
+        return Engine(pool.target, pool.tokenizer, drafters,
+                      config.engine_config(spec, **overrides), arbiter=arbiter,
+                      slim_verifier=slim)
     except CoSpecError as err:
         raise CoSpecError(f"method {spec.name!r}: {err}") from err
 
@@ -422,15 +490,17 @@ def check_resumable(rows: list[dict[str, Any]], items: list[EvalItem], config: E
     prompt_ids = {item.id: item.prompt_id for item in items}
     settings = {spec.name: config.settings_id(spec) for spec in config.methods}
     for row in rows:
-        name, sample_id = row["method"], row["sample_id"]
-        if name in settings and row.get("settings_id") != settings[name]:
-            raise CoSpecError(
-                f"{config.output_dir}/{SAMPLES_FILE} holds rows of method {name!r} made with "
-                "other settings; use a new output_dir or rename the method")
+        sample_id = row["sample_id"]
         if sample_id in prompt_ids and row.get("prompt_id") != prompt_ids[sample_id]:
             raise CoSpecError(
                 f"{config.output_dir}/{SAMPLES_FILE} holds sample {sample_id!r} with a different "
                 "prompt (benchmark, seed or prompt style changed); use a new output_dir")
+    for row in rows:
+        name = row["method"]
+        if name in settings and row.get("settings_id") != settings[name]:
+            raise CoSpecError(
+                f"{config.output_dir}/{SAMPLES_FILE} holds rows of method {name!r} made with "
+                "other settings; use a new output_dir or rename the method")
 
 
 def sample_row(
@@ -489,25 +559,29 @@ def _append(f: IO[str], rows: list[dict[str, Any]]) -> None:
 
 
 def run_method(
-    engine: Engine,
+    config: EvalConfig,
     spec: MethodSpec,
-    settings_id: str,
+    pool: ModelPool,
     items: list[EvalItem],
     done: dict[str, bool],
     f: IO[str],
-    warmup: bool,
 ) -> list[dict[str, Any]]:
-    """Decode the items ``done`` (sample id -> correct) lacks; rows are written per chunk."""
+    """Decode the items ``done`` (sample id -> correct) lacks; rows are written per chunk.
+
+    One engine decodes every chunk, so state it keeps between calls (a drafter bandit's
+    statistics) carries over; the warm-up runs on a separate engine to leave it untouched.
+    """
+    engine = build_engine(config, spec, pool)
+    settings_id = config.settings_id(spec)
     pending = [item for item in items if item.id not in done]
     correct = dict(done)
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc=spec.name,
                unit="sample", dynamic_ncols=True)
     if correct:
         bar.set_postfix(acc=f"{sum(correct.values()) / len(correct):.3f}")
-    if pending and warmup:
-        short = dataclasses.replace(engine.config, max_new_tokens=WARMUP_TOKENS, batch_size=1)
-        Engine(engine.target, engine.tokenizer, engine.drafters, short).generate(
-            [pending[0].prompt])
+    if pending and config.warmup:
+        warm = build_engine(config, spec, pool, max_new_tokens=WARMUP_TOKENS, batch_size=1)
+        warm.generate([pending[0].prompt])
     size = engine.config.batch_size
     rows: list[dict[str, Any]] = []
     for begin in range(0, len(pending), size):
@@ -528,21 +602,22 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
     """Run (or resume) every method; write samples, summary, report and plots; the summary."""
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer, models = load_models(config)
-    items = load_items(config, tokenizer)
+    pool = ModelPool(config)
+    items = load_items(config, pool.tokenizer)
     samples_path = out / SAMPLES_FILE
     rows = read_samples(samples_path)
     check_resumable(rows, items, config)
+    item_ids = {item.id for item in items}
     with samples_path.open("a", encoding="utf-8") as f:
         for spec in config.methods:
-            done = {r["sample_id"]: r["correct"] for r in rows if r["method"] == spec.name}
+            done = {r["sample_id"]: r["correct"] for r in rows
+                    if r["method"] == spec.name and r["sample_id"] in item_ids}
             if all(item.id in done for item in items):
                 continue
-            engine = build_engine(config, spec, tokenizer, models)
-            rows += run_method(engine, spec, config.settings_id(spec), items, done, f,
-                               config.warmup)
+            rows += run_method(config, spec, pool, items, done, f)
     methods = {spec.name: config.engine_config(spec).method for spec in config.methods}
     summary = summarize(rows, methods, [item.id for item in items])
+    summary["device"] = pool.device
     summary["config"] = config.to_dict()
     write_report(summary, out)
     return summary

@@ -161,7 +161,7 @@ def markdown_report(summary: dict[str, Any]) -> str:
             f"{config['seed']}), prompt style {config['prompt_style']}",
             f"- target `{config['target']}`; drafters {drafters}",
             f"- max_new_tokens {config['max_new_tokens']}, batch_size {config['batch_size']}, "
-            f"dtype {config['dtype']}, device {config['device']}",
+            f"dtype {config['dtype']}, device {summary.get('device', config['device'])}",
         ]
     out += [f"- target-only baseline: {_name(baselines['target'])}; drafter-only baseline: "
             f"{_name(baselines['drafter'])}", "", markdown_table(summary), ""]
@@ -210,6 +210,7 @@ def plot_accuracy_vs_speedup(summary: dict[str, Any], path: Path) -> None:
         ax.annotate(name, (x, s["accuracy"]), textcoords="offset points", xytext=(5, 5))
     if use_speedup:
         ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.margins(0.15)  # room for the labels
     ax.set_xlabel("speedup over target-only" if use_speedup else "tokens/s")
     ax.set_ylabel("accuracy")
     ax.set_title(f"Accuracy vs speed ({summary['num_samples']} samples)")
@@ -223,14 +224,15 @@ def plot_acceptance_by_position(summary: dict[str, Any], path: Path) -> None:
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    plotted = False
+    width = 0
     for name, s in summary["methods"].items():
         rates = s["acceptance_by_position"]
         if rates:
             label = f"{name} (MAL {_fmt(s['mean_accepted_length'], '.2f')})"
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
-            plotted = True
-    if plotted:
+            width = max(width, len(rates))
+    if width:
+        ax.set_xticks(range(1, width + 1))
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no speculative method in this run", ha="center",

@@ -209,7 +209,9 @@ class ArbiterModel(nn.Module):
         """Write the adapter (peft format), the head (safetensors) and ``arbiter_config.json``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.peft_model.save_pretrained(directory)
+        self.peft_model.save_pretrained(
+            directory, selected_adapters=[self.peft_model.active_adapter]
+        )
         save_file(
             {k: v.contiguous() for k, v in self.head.state_dict().items()}, directory / HEAD_FILE
         )
@@ -355,6 +357,26 @@ class ArbiterModel(nn.Module):
             [(sequence_ids, rounds)], self.config.num_draft_tokens, self._pad_token_id
         )
         return self.score_packed_batch(batch.to(self.device))[0]
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """Training entry point (what DDP / DeepSpeed wrappers call): packed scoring."""
+        return self.score_packed_batch(batch)
+
+    @contextmanager
+    def reference_policy(self, adapter_name: str, head: nn.Linear) -> Iterator[None]:
+        """Score with another loaded adapter and head (e.g. the frozen stage-1 policy).
+
+        Used under ``torch.no_grad`` for the KL term of stage 2; the trainable adapter and
+        head are restored on exit.
+        """
+        active, own_head = self.peft_model.active_adapter, self.head
+        self.peft_model.set_adapter(adapter_name)
+        self.head = head
+        try:
+            yield
+        finally:
+            self.peft_model.set_adapter(active)
+            self.head = own_head
 
     def score_packed_batch(self, batch: PackedBatch) -> torch.Tensor:
         """Accept logits [B, N, K] for a batch from :func:`pack_rollouts`.

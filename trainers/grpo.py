@@ -1,0 +1,363 @@
+"""Recipe: stage 2, GRPO on full collaborative (CoSpec) rollouts.
+
+Reads top to bottom: load target, the stage-1 arbiter (trainable) and its frozen copy as
+the reference adapter -> each step, every process rolls out its own prompts G times with
+the engine, the arbiter *sampling* its decisions -> shaped rewards and group advantages
+(``grpo_objective.py``) -> ``num_iterations`` passes of the clipped decision loss over
+one packed forward per rollout -> log, checkpoint, repeat. Field names follow TRL's
+GRPOConfig where the meaning is the same.
+
+    accelerate launch -m trainers.grpo --config configs/grpo/toy.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from cospec.arbiter import ArbiterModel, ArbitratedRound, pack_rollouts
+from cospec.arbiter.model import HEAD_FILE
+from cospec.engine import Engine, EngineConfig, SequenceResult
+from cospec.errors import CoSpecError
+from cospec.models import load_model, load_tokenizer
+from cospec.toy import tasks
+from trainers.grpo_objective import (
+    LOSS_TYPES,
+    SCALE_REWARDS,
+    RewardWeights,
+    bernoulli_log_prob,
+    clipped_surrogate_loss,
+    group_advantages,
+    shaped_reward,
+    summarise_rollout,
+)
+
+REFERENCE_ADAPTER = "reference"
+
+
+@dataclass
+class GRPOConfig:
+    """Stage-2 settings; TRL GRPOConfig names where the meaning matches."""
+
+    target: str = field(default="toy:target", metadata={"help": "target model path or id"})
+    sft_arbiter: str = field(
+        default="runs/toy/sft/arbiter",
+        metadata={"help": "stage-1 arbiter directory: the starting and reference policy"},
+    )
+    task: str = field(default="math", metadata={"help": "toy task family of the prompts"})
+    num_train_prompts: int = field(default=512, metadata={"help": "size of the prompt pool"})
+    prompts_per_step: int = field(
+        default=8, metadata={"help": "prompts per process per step (each rolled out G times)"}
+    )
+    num_generations: int = field(default=8, metadata={"help": "G: rollouts per prompt"})
+    num_draft_tokens: int = field(default=4, metadata={"help": "K"})
+    max_completion_length: int = field(default=64, metadata={"help": "new tokens per rollout"})
+    temperature: float = field(
+        default=0.0, metadata={"help": "token sampling temperature (decisions always sampled)"}
+    )
+    engine: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "extra EngineConfig fields for rollouts (bandit, alpha_accept, ...)"},
+    )
+    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate"})
+    max_steps: int = field(default=20, metadata={"help": "optimisation steps"})
+    num_iterations: int = field(
+        default=1, metadata={"help": "passes over each rollout batch (mu in GRPO)"}
+    )
+    epsilon: float = field(default=0.2, metadata={"help": "lower clip of the ratio"})
+    epsilon_high: float = field(default=0.28, metadata={"help": "upper clip of the ratio"})
+    beta: float = field(default=0.04, metadata={"help": "weight of the KL to stage 1"})
+    scale_rewards: str = field(default="group", metadata={"help": "group, batch or none"})
+    loss_type: str = field(default="grpo", metadata={"help": "grpo or dapo aggregation"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
+    lambda_span: float = field(default=0.5, metadata={"help": "reward per collaborative share"})
+    lambda_risk: float = field(default=0.5, metadata={"help": "penalty for risky accepts"})
+    lambda_fallback: float = field(default=0.25, metadata={"help": "penalty for fallbacks"})
+    tau_risk: float = field(default=0.05, metadata={"help": "target prob below = risky"})
+    seed: int = field(default=0, metadata={"help": "seed of prompts, rollouts and init"})
+    output_dir: str = field(default="runs/toy/grpo", metadata={"help": "where to write"})
+    logging_steps: int = field(default=1, metadata={"help": "log every N steps"})
+    save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps"})
+    resume_from_checkpoint: bool = field(
+        default=True, metadata={"help": "continue from the latest checkpoint in output_dir"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise CoSpecError(f"scale_rewards must be one of {SCALE_REWARDS}")
+        if self.loss_type not in LOSS_TYPES:
+            raise CoSpecError(f"loss_type must be one of {LOSS_TYPES}")
+        if self.num_generations < 2:
+            raise CoSpecError("num_generations must be >= 2 (advantages compare a group)")
+        for name in ("prompts_per_step", "max_steps", "num_iterations", "num_train_prompts"):
+            if getattr(self, name) < 1:
+                raise CoSpecError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def reward_weights(self) -> RewardWeights:
+        return RewardWeights(self.lambda_span, self.lambda_risk, self.lambda_fallback,
+                             self.tau_risk)
+
+
+@dataclass
+class Rollout:
+    """One trajectory: what the loss needs, flattened from the engine's trace."""
+
+    sequence: torch.Tensor
+    rounds: list[ArbitratedRound]
+    decisions: list[tuple[int, int, bool, float]]  # (round index, position, keep, P(accept))
+    reward: float
+    correct: bool
+    collaborative_share: float
+
+
+def to_rollout(seq: SequenceResult, correct: bool, config: GRPOConfig) -> Rollout:
+    """Arbitrated rounds with their context lengths and decisions, from the trace."""
+    k = config.num_draft_tokens
+    context = len(seq.prompt_ids)
+    rounds: list[ArbitratedRound] = []
+    decisions: list[tuple[int, int, bool, float]] = []
+    for r in seq.rounds:
+        if r.arbiter_decisions:
+            for j, keep, prob in zip(r.mismatches, r.arbiter_decisions, r.arbiter_probs,
+                                     strict=True):
+                decisions.append((len(rounds), j, keep, prob))
+            rounds.append(ArbitratedRound(context, torch.tensor(r.draft_tokens),
+                                          torch.tensor(r.target_tokens[:k])))
+        context += r.accepted + 1
+    summary = summarise_rollout(seq.rounds, len(seq.token_ids), correct, config.tau_risk)
+    return Rollout(
+        sequence=torch.tensor(seq.prompt_ids + seq.token_ids),
+        rounds=rounds,
+        decisions=decisions,
+        reward=shaped_reward(summary, config.reward_weights),
+        correct=correct,
+        collaborative_share=summary.collaborative_tokens / max(1, summary.emitted),
+    )
+
+
+def decision_loss(
+    model: torch.nn.Module,
+    arbiter: ArbiterModel,
+    rollouts: list[Rollout],
+    advantages: list[float],
+    config: GRPOConfig,
+    reference_head: torch.nn.Linear | None,
+    pad_token_id: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate over every decision of ``rollouts``, one packed forward.
+
+    A process without any decision still runs a forward and a zero-weight backward over a
+    dummy round, so it joins the gradient all-reduce like every other process.
+    """
+    k = config.num_draft_tokens
+    has_decisions = any(r.decisions for r in rollouts)
+    packed_inputs = [(r.sequence, r.rounds) for r in rollouts if r.rounds]
+    if not has_decisions:
+        seq = rollouts[0].sequence
+        packed_inputs = [(seq, [ArbitratedRound(len(seq), seq[:k], seq[:k])])]
+    batch = pack_rollouts(packed_inputs, k, pad_token_id).to(arbiter.device)
+    logits = model(batch)
+    if not has_decisions:
+        return logits.sum() * 0.0, {"clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0}
+    rows, round_index, positions, keeps, old, adv, owner = [], [], [], [], [], [], []
+    row = 0
+    for index, (rollout, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
+        if not rollout.rounds:
+            continue
+        for n, j, keep, prob in rollout.decisions:
+            rows.append(row)
+            round_index.append(n)
+            positions.append(j)
+            keeps.append(keep)
+            old.append(prob)
+            adv.append(advantage)
+            owner.append(index)
+        row += 1
+    device = arbiter.device
+    select = (torch.tensor(rows, device=device), torch.tensor(round_index, device=device),
+              torch.tensor(positions, device=device))
+    chosen = logits[select]
+    decisions = torch.tensor(keeps, device=device)
+    old_probs = torch.tensor(old, device=device).clamp(1e-6, 1 - 1e-6)
+    old_log_probs = bernoulli_log_prob(torch.logit(old_probs), decisions)
+    reference_logits = None
+    if config.beta > 0 and reference_head is not None:
+        with torch.no_grad(), arbiter.reference_policy(REFERENCE_ADAPTER, reference_head):
+            reference_logits = arbiter.score_packed_batch(batch)[select]
+    return clipped_surrogate_loss(
+        chosen, decisions, old_log_probs, torch.tensor(adv, device=device),
+        torch.tensor(owner, device=device), len(rollouts), config.epsilon,
+        config.epsilon_high, config.beta, reference_logits, config.loss_type,
+    )
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint (its trainer_state.json is written last)."""
+    complete = [p for p in output_dir.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    return max(complete, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop logged steps after the checkpoint we resume from: they will be redone."""
+    if path.is_file():
+        rows = [line for line in path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(row + "\n" for row in rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trl import TrlParser
+
+    (config,) = TrlParser((GRPOConfig,)).parse_args_and_config(argv)
+    train(config)
+
+
+def train(config: GRPOConfig) -> dict[str, float]:
+    accelerator = Accelerator()
+    set_seed(config.seed)
+    output_dir = Path(config.output_dir)
+    sft_dir = Path(config.sft_arbiter)
+    if not (sft_dir / HEAD_FILE).is_file():
+        raise CoSpecError(f"stage-1 arbiter {config.sft_arbiter!r} not found (run SFT first)")
+
+    # ---- models: target, trainable arbiter, frozen stage-1 reference ---------------------
+    tokenizer = load_tokenizer(config.target)
+    target = load_model(config.target, device=accelerator.device)
+    # Eval mode throughout: LoRA dropout off, so the ratio pi / pi_old compares the same
+    # function the rollouts sampled from. Gradients flow regardless of the mode.
+    arbiter = ArbiterModel.load(sft_dir, trainable=True, device=accelerator.device)
+    reference_head = None
+    if config.beta > 0:
+        arbiter.peft_model.load_adapter(str(sft_dir), adapter_name=REFERENCE_ADAPTER,
+                                        is_trainable=False)
+        reference_head = torch.nn.Linear(arbiter.head.in_features, 1).to(accelerator.device)
+        reference_head.load_state_dict(load_file(sft_dir / HEAD_FILE))
+        reference_head.requires_grad_(False)
+    trainable = [p for p in arbiter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate)
+    model, optimizer = accelerator.prepare(arbiter, optimizer)
+    start_step = 0
+    checkpoint = latest_checkpoint(output_dir) if config.resume_from_checkpoint else None
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        start_step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+    pad = tokenizer.pad_token_id or 0
+
+    # ---- data: a fixed prompt pool; each step's prompts depend only on (seed, step, rank) -
+    pool = tasks.generate(config.task, "train", config.num_train_prompts, config.seed)
+    metrics_path = output_dir / "metrics.jsonl"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if accelerator.is_main_process:
+        truncate_metrics(metrics_path, start_step)
+    last: dict[str, float] = {}
+    bar = tqdm(range(start_step, config.max_steps), desc="grpo",
+               disable=not accelerator.is_main_process, initial=start_step,
+               total=config.max_steps)
+    for step in bar:
+        rng = random.Random(f"{config.seed}:{step}:{accelerator.process_index}")
+        prompts = rng.sample(pool, config.prompts_per_step)
+        engine_config = EngineConfig(
+            method="spd", num_draft_tokens=config.num_draft_tokens,
+            max_new_tokens=config.max_completion_length, temperature=config.temperature,
+            arbiter_mode="sample", batch_size=config.prompts_per_step * config.num_generations,
+            seed=config.seed * 1_000_003 + step * 101 + accelerator.process_index,
+            **config.engine,
+        )
+        engine = Engine(target, tokenizer, [], engine_config, arbiter=arbiter)
+        started = time.perf_counter()
+        out = engine.generate([p.prompt for p in prompts for _ in range(config.num_generations)])
+        rollout_seconds = time.perf_counter() - started
+        rollouts = [
+            to_rollout(seq, tasks.grade(prompts[i // config.num_generations], seq.text), config)
+            for i, seq in enumerate(out.sequences)
+        ]
+        rewards = torch.tensor([r.reward for r in rollouts]).view(-1, config.num_generations)
+        correct = torch.tensor([r.correct for r in rollouts]).view(-1, config.num_generations)
+        if config.scale_rewards == "batch":
+            all_rewards = accelerator.gather(rewards.to(accelerator.device)).cpu()
+            std = all_rewards.std()
+            advantages = group_advantages(rewards, correct, "none") / (std + 1e-6)
+        else:
+            advantages = group_advantages(rewards, correct, config.scale_rewards)
+
+        for _ in range(config.num_iterations):
+            loss, loss_metrics = decision_loss(model, arbiter, rollouts,
+                                               advantages.flatten().tolist(), config,
+                                               reference_head, pad)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(trainable, config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        stats = out.stats
+        local = torch.tensor([
+            rewards.mean().item(), correct.float().mean().item(),
+            sum(r.collaborative_share for r in rollouts) / len(rollouts),
+            stats.arbiter_accept_rate if stats.arbiter_accept_rate is not None else math.nan,
+            loss_metrics["kl"], loss_metrics["clip_fraction"], loss_metrics["entropy"],
+            stats.mean_accepted_length, stats.emitted_tokens / rollout_seconds, loss.item(),
+            rewards.std().item(),
+        ], device=accelerator.device)
+        mean = accelerator.gather(local[None]).nanmean(0).tolist()
+        names = ["reward_mean", "accuracy", "rho", "accept_rate", "kl", "clip_fraction",
+                 "entropy", "mean_accepted_length", "rollout_tokens_per_s", "loss",
+                 "reward_std"]
+        last = dict(zip(names, mean, strict=True)) | {"step": step + 1}
+        if accelerator.is_main_process and (step + 1) % config.logging_steps == 0:
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(last) + "\n")
+            bar.set_postfix(reward=f"{last['reward_mean']:.3f}", acc=f"{last['accuracy']:.2f}")
+        if (step + 1) % config.save_steps == 0 or step + 1 == config.max_steps:
+            save_checkpoint(accelerator, output_dir / f"checkpoint-{step + 1}", step + 1)
+
+    accelerator.wait_for_everyone()
+    checksum = torch.stack([p.detach().double().sum() for p in trainable]).sum()[None]
+    checksums = accelerator.gather(checksum.to(accelerator.device)).tolist()
+    if accelerator.is_main_process:
+        (output_dir / "rank_checksums.json").write_text(json.dumps(checksums))
+        accelerator.unwrap_model(model).save_pretrained(output_dir / "arbiter")
+        plot_rewards(metrics_path, output_dir / "reward_curve.png")
+    return last
+
+
+def save_checkpoint(accelerator: Accelerator, directory: Path, step: int) -> None:
+    """Model, optimizer and RNG state plus the step: resuming redoes nothing."""
+    accelerator.save_state(str(directory))
+    if accelerator.is_main_process:
+        (directory / "trainer_state.json").write_text(json.dumps({"step": step}))
+    accelerator.wait_for_everyone()
+
+
+def plot_rewards(metrics_path: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not metrics_path.is_file():
+        return
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], label="reward")
+    ax.plot([r["step"] for r in rows], [r["accuracy"] for r in rows], label="accuracy")
+    ax.set_xlabel("step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
