@@ -7,6 +7,7 @@ stderr and exit status 2, so bad input never ends in a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -78,6 +79,32 @@ def _generate(args: argparse.Namespace) -> None:
           f"{s.mean_accepted_length:.2f}, target forwards/token {s.target_forwards_per_token:.3f}")
 
 
+def _push(args: argparse.Namespace) -> None:
+    from cospec.arbiter import push_to_hub
+
+    summary = None
+    if args.summary:
+        path = Path(args.summary)
+        if not path.is_file():
+            raise CoSpecError(f"training summary {args.summary!r} does not exist")
+        summary = json.loads(path.read_text())
+    url = push_to_hub(args.arbiter_dir, args.repo_id, private=not args.public,
+                      training_summary=summary)
+    print(f"pushed {args.arbiter_dir} to {url}")
+
+
+# Stages with their own config parsers (TrlParser / YAML): the CLI hands them the rest of
+# the command line unchanged.
+STAGES = {
+    "eval": ("eval.harness", "evaluate methods side by side (--config configs/eval/toy.yaml)"),
+    "data-gen": ("data_gen.main", "stage 0: vanilla-SPD rollouts with judge labels"),
+    "sft": ("trainers.sft", "stage 1: supervised warm-up of the arbiter"),
+    "grpo": ("trainers.grpo", "stage 2: GRPO on collaborative rollouts"),
+    "dimr": ("cospec.dimr_cli", "search a VIA-SD slim-verifier routing mask"),
+    "pipeline": ("cospec.pipeline", "the whole toy-world pipeline, stage by stage"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cospec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,13 +144,28 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print results and stats as JSON")
     gen.add_argument("--no-color", action="store_true", help="plain text output")
     gen.set_defaults(func=_generate)
+
+    push = sub.add_parser("push", help="publish a saved arbiter to the Hugging Face Hub")
+    push.add_argument("arbiter_dir", help="directory written by ArbiterModel.save_pretrained")
+    push.add_argument("repo_id", help="Hub repository, e.g. user/cospec-arbiter")
+    push.add_argument("--public", action="store_true", help="create a public repository")
+    push.add_argument("--summary", help="JSON file with a training summary for the card")
+    push.set_defaults(func=_push)
+
+    for name, (_, help_text) in STAGES.items():
+        stage = sub.add_parser(name, help=help_text, add_help=False)
+        stage.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    func: Callable[[argparse.Namespace], None] = args.func
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv and argv[0] in STAGES:
+            importlib.import_module(STAGES[argv[0]][0]).main(argv[1:])
+            return
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], None] = args.func
         func(args)
     except CoSpecError as err:
         print(f"cospec: error: {err}", file=sys.stderr)
