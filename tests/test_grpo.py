@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from cospec.arbiter import ArbiterModel
 from cospec.models import load_model
 from trainers.grpo import GRPOConfig, train
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +76,10 @@ def test_two_processes_stay_in_sync(tmp_path, stage1_arbiter):
         "max_completion_length: 32", "max_steps: 2", "save_steps: 2", "learning_rate: 0.001",
     ]))
     env = os.environ | {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
-                    "--cpu", "-m", "trainers.grpo", "--config", str(config)],
-                   check=True, env=env, timeout=600, capture_output=True)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+              str(REPO_ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port",
+              "29531", "-m", "trainers.grpo", "--config", str(config)]
+    subprocess.run(launch, check=True, env=env, timeout=600, capture_output=True,
+                   cwd=REPO_ROOT)
     checksums = json.loads((tmp_path / "out" / "rank_checksums.json").read_text())
     assert len(checksums) == 2 and checksums[0] == checksums[1]

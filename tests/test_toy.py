@@ -96,8 +96,9 @@ def test_bad_input_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "Q: 1\nA:"])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("cospec: error:") and "does not exist" in err[0]
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("cospec: error:")]
+    assert len(errors) == 1 and "does not exist" in errors[0] and "Traceback" not in err
 
 
 def test_cli_rejects_mismatched_drafter(tmp_path, capsys):
@@ -108,5 +109,7 @@ def test_cli_rejects_mismatched_drafter(tmp_path, capsys):
     tok.save_pretrained(tmp_path / "odd")
     with pytest.raises(SystemExit):
         main(["generate", "--drafter", str(tmp_path / "odd"), "--prompt", "Q: 1\nA:"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "different vocabulary" in err[0]
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("cospec: error:")]
+    assert len(errors) == 1 and "different vocabulary" in errors[0]
+    assert "Traceback" not in err

@@ -450,7 +450,9 @@ class Engine:
         matches = [bool(m) for m in values["matches"]]
         keep = [bool(x) for x in values["keep"]]
         emitted = self._append(b, row, [*draft[:accepted], next_token])
-        walked = range(min(accepted + 1, k))
+        # Positions the walk reached and whose token was emitted: an eos, a stop string or
+        # the token budget can end the sequence before the walk does.
+        walked = range(min(accepted + 1, k, len(emitted)))
         mismatches = [j for j in walked if not matches[j]]
         tiers = [TIER_SLIM_ACCEPT if j < slim_accepted
                  else TIER_SLIM_REGENERATE if settled else TIER_TARGET
