@@ -15,6 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from cospec.toy.tokenizer import build_tokenizer
 
+# Tiny models are dominated by per-op overhead: one thread is faster than two, and on a
+# shared 2-core machine extra threads spin against other work.
+torch.set_num_threads(1)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 

@@ -8,6 +8,7 @@ for token; sampling must reproduce the target's (warped) distribution.
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -46,14 +47,16 @@ def pair(tiny_llama):
     return target, noisy_copy(target, 0.05, seed=2)
 
 
-_REFERENCE_CACHE: dict[tuple, list[int]] = {}
+_REFERENCE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reference_greedy(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
-    key = (id(model), tuple(ids), max_new_tokens, eos)
-    if key not in _REFERENCE_CACHE:
-        _REFERENCE_CACHE[key] = _brute_force_greedy(model, ids, max_new_tokens, eos)
-    return _REFERENCE_CACHE[key]
+    """Brute-force greedy, memoised per live model (keys die with the model)."""
+    cache = _REFERENCE_CACHE.setdefault(model, {})
+    key = (tuple(ids), max_new_tokens, eos)
+    if key not in cache:
+        cache[key] = _brute_force_greedy(model, ids, max_new_tokens, eos)
+    return cache[key]
 
 
 def _brute_force_greedy(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
