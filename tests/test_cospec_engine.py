@@ -82,7 +82,7 @@ def test_threshold_mode_walks_past_accepted_mismatches(models, tokenizer):
                 if j < r.accepted
             ]
             assert all(kept_before)  # the walk only passes mismatches it accepted
-            if r.accepted < 4:
+            if r.accepted < 4 and len(r.tiers) > r.accepted:  # the rejection was emitted
                 assert r.mismatches[-1] == r.accepted and not r.arbiter_decisions[-1]
 
 

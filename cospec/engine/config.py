@@ -59,12 +59,13 @@ class EngineConfig:
     )
     alpha_accept: float = field(
         default=0.9,
-        metadata={"help": "VIA-SD tier 1: accept d_j when q'(d_j) / max q' >= alpha_accept"},
+        metadata={"help": "VIA-SD tier 1: accept d_j when q'(d_j) / max q' >= alpha_accept "
+                          "(> 1 turns tier 1 off)"},
     )
     alpha_regen: float = field(
         default=0.9,
         metadata={"help": "VIA-SD tier 2: else replace d_j by argmax q' when max q' >= "
-                          "alpha_regen; else tier 3 asks the full target"},
+                          "alpha_regen (> 1 turns tier 2 off); else tier 3 asks the target"},
     )
     compact_threshold: float = field(
         default=0.25,
@@ -92,8 +93,8 @@ class EngineConfig:
             except TypeError as err:
                 raise CoSpecError(f"bad bandit config: {err}") from err
         for name in ("alpha_accept", "alpha_regen"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise CoSpecError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+            if getattr(self, name) < 0:
+                raise CoSpecError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.arbiter_mode not in ARBITER_MODES:
             raise CoSpecError(
                 f"unknown arbiter_mode {self.arbiter_mode!r}; choose from {list(ARBITER_MODES)}"

@@ -99,15 +99,15 @@ def slim_tiers(
     """VIA-SD tiers 1-2 from the slim verifier's distributions q' [B, K+1, V].
 
     Tier 1 accepts d_j while r = q'(d_j) / max q' >= alpha_accept. At the first position
-    that fails, tier 2 settles the block with argmax q' when max q' >= alpha_regen; a block
-    accepted whole in tier 1 is settled too (its bonus is argmax q'_{K+1}). Returns the
-    number of tier-1 tokens [B], whether each row is settled [B] (else tier 3: the full
-    target verifies the rest), and the slim verifier's tokens [B, K+1].
+    that fails (or after a block accepted whole, for the bonus token), tier 2 settles the
+    block with argmax q' when max q' >= alpha_regen; otherwise tier 3: the full target
+    verifies the rest. Thresholds above 1 turn a tier off. Returns the number of tier-1
+    tokens [B], whether each row is settled [B], and the slim verifier's tokens [B, K+1].
     """
     k = draft.shape[1]
     top, slim_tokens = slim_probs.max(-1)
     ratio = slim_probs[:, :k].gather(-1, draft[..., None]).squeeze(-1) / top[:, :k]
     slim_accepted = (ratio >= alpha_accept).long().cumprod(-1).sum(-1)
     top_at_stop = top.gather(1, slim_accepted[:, None]).squeeze(1)
-    settled = (slim_accepted == k) | (top_at_stop >= alpha_regen)
+    settled = top_at_stop >= alpha_regen
     return slim_accepted, settled, slim_tokens
