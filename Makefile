@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/cospec toy report --json runs/toy/report.json
+	$(VENV)/bin/cospec pipeline --config configs/pipeline/toy.yaml
 
 test: install
 	$(VENV)/bin/pytest -q --durations=15

@@ -110,7 +110,7 @@ def run_pipeline(config: PipelineConfig, console: Console | None = None) -> dict
          *_flags(over.get("data_gen", {}))]))
     _stage(console, "stage 1: SFT", dirs["sft"], lambda: sft.main(
         ["--config", config.sft, "--output_dir", str(dirs["sft"]),
-         "--dataset_dir", str(dirs["data_gen"]), *_flags(over.get("sft", {}))]))
+         "--dataset_path", str(dirs["data_gen"]), *_flags(over.get("sft", {}))]))
     _stage(console, "stage 2: GRPO", dirs["grpo"], lambda: grpo.main(
         ["--config", config.grpo, "--output_dir", str(dirs["grpo"]),
          "--sft_arbiter", paths["sft_arbiter"], *_flags(over.get("grpo", {}))]))
@@ -141,7 +141,7 @@ def write_report(run: Path, dirs: dict[str, Path]) -> dict[str, Any]:
     evaluation = read(dirs["eval"] / "summary.json")
     summary = {
         "data_gen": read(dirs["data_gen"] / "stats.json"),
-        "sft": read(dirs["sft"] / "eval_metrics.json"),
+        "sft": read(dirs["sft"] / "training_summary.json"),
         "grpo": _last_metrics(dirs["grpo"] / "metrics.jsonl"),
         "dimr": read(dirs["dimr"] / "report.json"),
         "eval": evaluation,
