@@ -59,14 +59,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import transformers
+from _shared import hardware
 from rich.console import Console
 from rich.table import Table
 
@@ -105,24 +104,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the problems and bandits")
     return parser.parse_args(argv)
 
-
-def hardware() -> dict[str, object]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_at_start": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
 
 
 # --- workloads ---------------------------------------------------------------------------

@@ -29,8 +29,6 @@ import argparse
 import itertools
 import json
 import math
-import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -39,7 +37,7 @@ from pathlib import Path
 
 import optuna
 import torch
-import transformers
+from _shared import hardware
 from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache, PreTrainedModel
@@ -101,16 +99,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
-
-def hardware() -> dict[str, object]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "load_average_1min_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
 
 
 # --- 1. DIMR ------------------------------------------------------------------------------

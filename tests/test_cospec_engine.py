@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from test_engine import PROMPTS, noisy_copy
+from helpers import PROMPTS, noisy_copy
 
 from cospec.arbiter import ArbiterModel
 from cospec.engine import Engine, EngineConfig

@@ -7,36 +7,13 @@ for token; sampling must reproduce the target's (warped) distribution.
 
 from __future__ import annotations
 
-import copy
-import weakref
-
 import pytest
 import torch
+from helpers import PROMPTS, first_token_histograms, noisy_copy, reference_greedy
 
 from cospec.engine import Engine, EngineConfig
 from cospec.engine.sampling import greedy_accept, speculative_accept, warp_probs
 from cospec.errors import CoSpecError
-
-PROMPTS = [
-    "Q: Tom has 3 apples.\nA:",
-    "Q: Hi\nA:",
-    "Q: Reverse the word cat, please, and then more.\nA:",
-    "Q: x\nA:",
-    "Q: Ann has 12 pens. She gives away 5.\nA:",
-    "Q: Join the first letters of sun map cup.\nA:",
-    "Q: Capitalize the word dog.\nA:",
-    "Q: 7+5=\nA:",
-]
-
-
-def noisy_copy(model, scale: float, seed: int):
-    """A drafter that agrees with the target often but not always: ragged acceptance."""
-    torch.manual_seed(seed)
-    drafter = copy.deepcopy(model)
-    with torch.no_grad():
-        for param in drafter.parameters():
-            param.add_(scale * torch.randn_like(param) * param.std())
-    return drafter
 
 
 @pytest.fixture(scope="module")
@@ -45,29 +22,6 @@ def pair(tiny_llama):
     with torch.no_grad():
         target.lm_head.weight.mul_(4.0)  # peaky distributions, like a trained model
     return target, noisy_copy(target, 0.05, seed=2)
-
-
-_REFERENCE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def reference_greedy(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
-    """Brute-force greedy, memoised per live model (keys die with the model)."""
-    cache = _REFERENCE_CACHE.setdefault(model, {})
-    key = (tuple(ids), max_new_tokens, eos)
-    if key not in cache:
-        cache[key] = _brute_force_greedy(model, ids, max_new_tokens, eos)
-    return cache[key]
-
-
-def _brute_force_greedy(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
-    out: list[int] = []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
-            out.append(int(logits.argmax()))
-            if out[-1] == eos:
-                break
-    return out
 
 
 def run(target, drafter, tokenizer, prompts, **kwargs):
@@ -202,12 +156,6 @@ def test_warp_top_k_top_p():
     assert warp_probs(logits, 1.0, 2, 1.0)[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
     top_p = warp_probs(logits, 1.0, 0, 0.7)[0]
     assert top_p.tolist() == pytest.approx([0.625, 0.375, 0, 0])
-
-
-def first_token_histograms(result, positions: int, vocab: int) -> torch.Tensor:
-    tokens = torch.tensor([s.token_ids[:positions] for s in result.sequences])
-    return torch.stack([torch.bincount(tokens[:, j], minlength=vocab).float() / len(tokens)
-                        for j in range(positions)])
 
 
 @pytest.mark.slow

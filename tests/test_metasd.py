@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from test_engine import PROMPTS, first_token_histograms, noisy_copy
+from helpers import PROMPTS, brute_force_greedy, first_token_histograms, noisy_copy
 
 from cospec.engine import Engine, EngineConfig
 from cospec.errors import CoSpecError
@@ -24,15 +24,6 @@ from cospec.toy.world import toy_model_path
 MAX_NEW = 24
 K = 4
 POLICIES = ["ucb", "exp3", "random", "round_robin"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models are overhead-bound: extra threads only spin when other jobs share cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +36,6 @@ def models(tiny_llama):
     noisy = noisy_copy(target, 0.3, seed=3)
     other = tiny_llama(num_layers=1, hidden_size=32, seed=4)
     return target, [good, noisy, other]
-
-
-def brute_force_greedy(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
-    """Target-only greedy with a full forward over the whole sequence at every step."""
-    out: list[int] = []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
-            out.append(int(logits.argmax()))
-            if out[-1] == eos:
-                break
-    return out
 
 
 @pytest.fixture(scope="module")

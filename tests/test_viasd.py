@@ -16,6 +16,8 @@ import json
 
 import pytest
 import torch
+from helpers import PROMPTS as ENGINE_PROMPTS
+from helpers import brute_force_greedy
 
 from cospec import dimr_cli
 from cospec.engine import Engine, EngineConfig
@@ -24,14 +26,7 @@ from cospec.engine.trace import TIER_SLIM_ACCEPT, TIER_SLIM_REGENERATE, TIER_TAR
 from cospec.errors import CoSpecError
 from cospec.slim import RoutingMask, build_slim_verifier
 
-PROMPTS = [
-    "Q: Tom has 3 apples.\nA:",
-    "Q: Hi\nA:",
-    "Q: Reverse the word cat, please, and then more.\nA:",
-    "Q: x\nA:",
-    "Q: Ann has 12 pens. She gives away 5.\nA:",
-    "Q: Join the first letters of sun map cup.\nA:",
-]
+PROMPTS = ENGINE_PROMPTS[:6]
 # Layer 1 MLP and layer 2 attention of 4 layers: a slim verifier that really differs.
 SOME_SKIPS = RoutingMask([False, False, True, False], [False, True, False, False])
 MAX_NEW = 30
@@ -201,13 +196,6 @@ def _brute_force_viasd(drafter, slim, target, ids, k, alpha_accept, alpha_regen,
     return out, rounds, target_rounds
 
 
-def _brute_force_greedy(model, ids: list[int], eos: int) -> list[int]:
-    out: list[int] = []
-    while len(out) < MAX_NEW and eos not in out:
-        out.append(int(_next(model, ids + out).argmax()))
-    return out
-
-
 @pytest.mark.parametrize(("alpha_accept", "alpha_regen"), [(0.9, 0.9), (0.8, 0.6)])
 @pytest.mark.parametrize("batch_size", [1, 6])
 def test_engine_matches_brute_force_viasd(models, tokenizer, alpha_accept, alpha_regen, batch_size):
@@ -257,7 +245,7 @@ def test_mask_that_skips_nothing_with_alpha_accept_one_is_target_greedy(models, 
     target, drafter = models
     slim = build_slim_verifier(target, RoutingMask.none(4))
     eos = tokenizer.eos_token_id
-    expected = [_brute_force_greedy(target, tokenizer(p).input_ids, eos) for p in PROMPTS]
+    expected = [brute_force_greedy(target, tokenizer(p).input_ids, MAX_NEW, eos) for p in PROMPTS]
     for alpha_regen, batch_size in [(0.0, 6), (0.5, 1), (0.9, 6), (1.0, 3)]:
         result = run(
             target,
