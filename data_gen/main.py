@@ -62,7 +62,8 @@ def run_data_gen(config: DataGenConfig, console: Console | None = None) -> dict[
     state = _process_state(config)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    items = load_task_items(config)
+    items = load_task_items(config.task, config.task_source, config.split,
+                            config.num_prompts, config.seed)
     num_shards = math.ceil(len(items) / config.shard_size)
     output_dir = Path(config.output_dir)
     fingerprint = config.fingerprint()
@@ -240,7 +241,8 @@ def _setup_models(config: DataGenConfig, state: PartialState) -> tuple[Engine, J
     target = load(config.target)
     engine = Engine(target, tokenizer, [load(config.drafter)], EngineConfig(
         method="spd", num_draft_tokens=config.num_draft_tokens,
-        max_new_tokens=config.max_new_tokens, stop_strings=task_stop_strings(config),
+        max_new_tokens=config.max_new_tokens,
+        stop_strings=task_stop_strings(config.task, config.stop_strings),
         batch_size=config.batch_size, seed=config.seed, dtype=config.dtype,
         attn_implementation=config.attn_implementation,
     ))

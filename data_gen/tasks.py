@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import partial
 
 from cospec.toy import tasks as toy_tasks
-from data_gen.config import DataGenConfig
 
 
 @dataclass(frozen=True)
@@ -34,25 +33,27 @@ def _grade_benchmark(sample, completion: str) -> bool:
     return grade(sample, completion).correct
 
 
-def load_task_items(config: DataGenConfig) -> list[TaskItem]:
-    """The run's prompts in a fixed order (prompt ``i`` is item ``i``)."""
-    if config.is_toy:
-        problems = toy_tasks.generate(config.task, config.split, config.num_prompts,
-                                      config.seed)
+def load_task_items(
+    task: str, task_source: str | None, split: str, num_prompts: int, seed: int
+) -> list[TaskItem]:
+    """Prompts in a fixed order (prompt ``i`` is item ``i``): a toy family's split, or a
+    benchmark-format file / dataset id. Shared by stage 0 and stage 2."""
+    if task in toy_tasks.FAMILIES:
+        problems = toy_tasks.generate(task, split, num_prompts, seed)
         return [TaskItem(p.prompt, p.family, p.kind, partial(toy_tasks.grade, p))
                 for p in problems]
     from eval.benchmarks import load_benchmark
 
-    samples = load_benchmark(config.task, config.task_source, limit=config.num_prompts)
-    return [TaskItem(s.prompt, config.task, str(s.metadata.get("subject", config.task)),
+    samples = load_benchmark(task, task_source, limit=num_prompts)
+    return [TaskItem(s.prompt, task, str(s.metadata.get("subject", task)),
                      partial(_grade_benchmark, s))
             for s in samples]
 
 
-def task_stop_strings(config: DataGenConfig) -> list[str]:
+def task_stop_strings(task: str, stop_strings: list[str]) -> list[str]:
     """The configured stop strings plus a benchmark's own (base-model prompts run on)."""
-    if config.is_toy:
-        return list(config.stop_strings)
+    if task in toy_tasks.FAMILIES:
+        return list(stop_strings)
     from eval.benchmarks import STOP_STRINGS
 
-    return list(dict.fromkeys([*config.stop_strings, *STOP_STRINGS[config.task]]))
+    return list(dict.fromkeys([*stop_strings, *STOP_STRINGS[task]]))

@@ -245,7 +245,8 @@ def test_model_judge_interface(toy_models, tiny_llama, tokenizer):
     target, drafter, toy_tokenizer = toy_models
     engine = Engine(target, toy_tokenizer, [drafter],
                     EngineConfig(num_draft_tokens=4, max_new_tokens=48, batch_size=8))
-    items = load_task_items(small_config(Path("unused"), num_prompts=6))
+    config = small_config(Path("unused"), num_prompts=6)
+    items = load_task_items(config.task, config.task_source, config.split, 6, config.seed)
     rollouts, _, _ = run_rollouts(engine, items, range(6), "math")
     mismatches = [r.mismatches()[0] for r in rollouts]
     judge_lm = tiny_llama(seed=3)

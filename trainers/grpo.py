@@ -31,7 +31,9 @@ from cospec.arbiter.model import HEAD_FILE
 from cospec.engine import Engine, EngineConfig, SequenceResult
 from cospec.errors import CoSpecError
 from cospec.models import load_model, load_tokenizer
-from cospec.toy import tasks
+from data_gen.tasks import load_task_items, task_stop_strings
+from trainers.checkpointing import save_arbiter
+from trainers.distributed import build_accelerator, replicas_in_sync
 from trainers.grpo_objective import (
     LOSS_TYPES,
     SCALE_REWARDS,
@@ -42,6 +44,7 @@ from trainers.grpo_objective import (
     shaped_reward,
     summarise_rollout,
 )
+from trainers.sft import PackedScorer
 
 REFERENCE_ADAPTER = "reference"
 
@@ -51,12 +54,24 @@ class GRPOConfig:
     """Stage-2 settings; TRL GRPOConfig names where the meaning matches."""
 
     target: str = field(default="toy:target", metadata={"help": "target model path or id"})
+    dtype: str = field(default="float32", metadata={"help": "float32, bfloat16 or float16"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
     sft_arbiter: str = field(
         default="runs/toy/sft/arbiter",
         metadata={"help": "stage-1 arbiter directory: the starting and reference policy"},
     )
-    task: str = field(default="math", metadata={"help": "toy task family of the prompts"})
+    task: str = field(
+        default="math",
+        metadata={"help": "toy family (math, string) or benchmark format (gsm8k, math500, "
+                          "humaneval, mbpp) of the training prompts"},
+    )
+    task_source: str | None = field(
+        default=None, metadata={"help": "training JSONL path or Hub id for benchmark tasks"}
+    )
     num_train_prompts: int = field(default=512, metadata={"help": "size of the prompt pool"})
+    stop_strings: list[str] = field(
+        default_factory=list, metadata={"help": "extra stop strings for rollouts"}
+    )
     prompts_per_step: int = field(
         default=8, metadata={"help": "prompts per process per step (each rolled out G times)"}
     )
@@ -81,6 +96,7 @@ class GRPOConfig:
     scale_rewards: str = field(default="group", metadata={"help": "group, batch or none"})
     loss_type: str = field(default="grpo", metadata={"help": "grpo or dapo aggregation"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
+    report_to: str = field(default="none", metadata={"help": "none, tensorboard or wandb"})
     lambda_span: float = field(default=0.5, metadata={"help": "reward per collaborative share"})
     lambda_risk: float = field(default=0.5, metadata={"help": "penalty for risky accepts"})
     lambda_fallback: float = field(default=0.25, metadata={"help": "penalty for fallbacks"})
@@ -168,7 +184,7 @@ def decision_loss(
         seq = rollouts[0].sequence
         packed_inputs = [(seq, [ArbitratedRound(len(seq), seq[:k], seq[:k])])]
     batch = pack_rollouts(packed_inputs, k, pad_token_id).to(arbiter.device)
-    logits = model(batch)
+    logits = model(batch.input_ids, batch.position_ids, batch.mask, batch.round_mask)
     if not has_decisions:
         return logits.sum() * 0.0, {"clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0}
     rows, round_index, positions, keeps, old, adv, owner = [], [], [], [], [], [], []
@@ -220,12 +236,16 @@ def truncate_metrics(path: Path, step: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     from trl import TrlParser
 
-    (config,) = TrlParser((GRPOConfig,)).parse_args_and_config(argv)
+    (config,) = TrlParser((GRPOConfig,), prog="cospec grpo").parse_args_and_config(argv)
     train(config)
 
 
 def train(config: GRPOConfig) -> dict[str, float]:
-    accelerator = Accelerator()
+    accelerator = build_accelerator(
+        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        gradient_accumulation_steps=1, max_grad_norm=config.max_grad_norm,
+        report_to=config.report_to, project_dir=config.output_dir,
+    )
     set_seed(config.seed)
     output_dir = Path(config.output_dir)
     sft_dir = Path(config.sft_arbiter)
@@ -234,10 +254,13 @@ def train(config: GRPOConfig) -> dict[str, float]:
 
     # ---- models: target, trainable arbiter, frozen stage-1 reference ---------------------
     tokenizer = load_tokenizer(config.target)
-    target = load_model(config.target, device=accelerator.device)
+    target = load_model(config.target, dtype=config.dtype, device=accelerator.device,
+                        attn_implementation=config.attn_implementation)
     # Eval mode throughout: LoRA dropout off, so the ratio pi / pi_old compares the same
     # function the rollouts sampled from. Gradients flow regardless of the mode.
-    arbiter = ArbiterModel.load(sft_dir, trainable=True, device=accelerator.device)
+    arbiter = ArbiterModel.load(sft_dir, trainable=True, dtype=config.dtype,
+                                device=accelerator.device,
+                                attn_implementation=config.attn_implementation)
     reference_head = None
     if config.beta > 0:
         arbiter.peft_model.load_adapter(str(sft_dir), adapter_name=REFERENCE_ADAPTER,
@@ -247,7 +270,7 @@ def train(config: GRPOConfig) -> dict[str, float]:
         reference_head.requires_grad_(False)
     trainable = [p for p in arbiter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate)
-    model, optimizer = accelerator.prepare(arbiter, optimizer)
+    model, optimizer = accelerator.prepare(PackedScorer(arbiter).eval(), optimizer)
     start_step = 0
     checkpoint = latest_checkpoint(output_dir) if config.resume_from_checkpoint else None
     if checkpoint is not None:
@@ -256,7 +279,9 @@ def train(config: GRPOConfig) -> dict[str, float]:
     pad = tokenizer.pad_token_id or 0
 
     # ---- data: a fixed prompt pool; each step's prompts depend only on (seed, step, rank) -
-    pool = tasks.generate(config.task, "train", config.num_train_prompts, config.seed)
+    pool = load_task_items(config.task, config.task_source, "train", config.num_train_prompts,
+                           config.seed)
+    stop_strings = task_stop_strings(config.task, config.stop_strings)
     metrics_path = output_dir / "metrics.jsonl"
     output_dir.mkdir(parents=True, exist_ok=True)
     if accelerator.is_main_process:
@@ -272,6 +297,7 @@ def train(config: GRPOConfig) -> dict[str, float]:
             method="spd", num_draft_tokens=config.num_draft_tokens,
             max_new_tokens=config.max_completion_length, temperature=config.temperature,
             arbiter_mode="sample", batch_size=config.prompts_per_step * config.num_generations,
+            stop_strings=stop_strings,
             seed=config.seed * 1_000_003 + step * 101 + accelerator.process_index,
             **config.engine,
         )
@@ -280,7 +306,7 @@ def train(config: GRPOConfig) -> dict[str, float]:
         out = engine.generate([p.prompt for p in prompts for _ in range(config.num_generations)])
         rollout_seconds = time.perf_counter() - started
         rollouts = [
-            to_rollout(seq, tasks.grade(prompts[i // config.num_generations], seq.text), config)
+            to_rollout(seq, prompts[i // config.num_generations].grade(seq.text), config)
             for i, seq in enumerate(out.sequences)
         ]
         rewards = torch.tensor([r.reward for r in rollouts]).view(-1, config.num_generations)
@@ -323,11 +349,11 @@ def train(config: GRPOConfig) -> dict[str, float]:
             save_checkpoint(accelerator, output_dir / f"checkpoint-{step + 1}", step + 1)
 
     accelerator.wait_for_everyone()
-    checksum = torch.stack([p.detach().double().sum() for p in trainable]).sum()[None]
-    checksums = accelerator.gather(checksum.to(accelerator.device)).tolist()
+    in_sync = replicas_in_sync(accelerator, model)
+    save_arbiter(accelerator, arbiter, output_dir / "arbiter")
     if accelerator.is_main_process:
-        (output_dir / "rank_checksums.json").write_text(json.dumps(checksums))
-        accelerator.unwrap_model(model).save_pretrained(output_dir / "arbiter")
+        (output_dir / "replicas.json").write_text(json.dumps(
+            {"processes": accelerator.num_processes, "replicas_in_sync": in_sync}))
         plot_rewards(metrics_path, output_dir / "reward_curve.png")
     return last
 

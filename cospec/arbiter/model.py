@@ -358,10 +358,6 @@ class ArbiterModel(nn.Module):
         )
         return self.score_packed_batch(batch.to(self.device))[0]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """Training entry point (what DDP / DeepSpeed wrappers call): packed scoring."""
-        return self.score_packed_batch(batch)
-
     @contextmanager
     def reference_policy(self, adapter_name: str, head: nn.Linear) -> Iterator[None]:
         """Score with another loaded adapter and head (e.g. the frozen stage-1 policy).
