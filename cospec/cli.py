@@ -58,15 +58,21 @@ def _generate(args: argparse.Namespace) -> None:
                     for line in path.read_text().splitlines() if line.strip()]
     if not prompts:
         raise CoSpecError("give prompts with --prompt or --prompts-file")
+    drafters = args.drafter or ([] if args.method == "target" else ["toy:drafter_math"])
     config = EngineConfig(
         method=args.method, num_draft_tokens=args.num_draft_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
-        stop_strings=args.stop or [], dtype=args.dtype,
+        stop_strings=args.stop or [], dtype=args.dtype, device=args.device,
         attn_implementation=args.attn_implementation,
+        arbiter_mode=args.arbiter_mode if args.arbiter else "off",
+        arbiter_threshold=args.arbiter_threshold,
+        bandit={"policy": args.bandit, "reward": args.bandit_reward} if len(drafters) > 1
+        else None,
+        alpha_accept=args.alpha_accept, alpha_regen=args.alpha_regen,
     )
-    drafters = args.drafter or ([] if args.method == "target" else ["toy:drafter_math"])
-    engine = Engine.from_pretrained(args.target, drafters, config)
+    engine = Engine.from_pretrained(args.target, drafters, config, arbiter=args.arbiter,
+                                    slim_verifier_mask=args.slim_verifier_mask)
     output = engine.generate(prompts)
     if args.json:
         print(json.dumps(output.to_dict()))
@@ -140,7 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--batch-size", type=int, default=16)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="float32")
+    gen.add_argument("--device", default="auto", help="auto (cuda if any), cpu, cuda:N")
     gen.add_argument("--attn-implementation", default="sdpa")
+    gen.add_argument("--arbiter", help="CoSpec: a saved arbiter directory (on the 1st drafter)")
+    gen.add_argument("--arbiter-mode", default="threshold",
+                     choices=["threshold", "sample", "always_accept", "always_reject"])
+    gen.add_argument("--arbiter-threshold", type=float, default=0.5)
+    gen.add_argument("--bandit", default="ucb",
+                     help="MetaSD policy when several --drafter are given")
+    gen.add_argument("--bandit-reward", default="bd", choices=["bd", "be"])
+    gen.add_argument("--slim-verifier-mask", help="VIA-SD: routing mask JSON from cospec dimr")
+    gen.add_argument("--alpha-accept", type=float, default=0.9, help="VIA-SD tier-1 threshold")
+    gen.add_argument("--alpha-regen", type=float, default=0.9, help="VIA-SD tier-2 threshold")
     gen.add_argument("--json", action="store_true", help="print results and stats as JSON")
     gen.add_argument("--no-color", action="store_true", help="plain text output")
     gen.set_defaults(func=_generate)

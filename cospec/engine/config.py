@@ -40,6 +40,10 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "seed of the sampling generator"})
     batch_size: int = field(default=16, metadata={"help": "prompts decoded together"})
     dtype: str = field(default="float32", metadata={"help": "model dtype when loading by path"})
+    device: str = field(
+        default="auto", metadata={"help": "where models load by path: auto (cuda if any), cpu, "
+                                          "cuda, cuda:N"}
+    )
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "sdpa or eager (custom masks exclude FlashAttention)"}
     )
@@ -105,6 +109,14 @@ class EngineConfig:
             raise CoSpecError(f"arbiter_threshold must be in [0, 1], got {self.arbiter_threshold}")
         if not 0 < self.compact_threshold <= 1:
             raise CoSpecError(f"compact_threshold must be in (0, 1], got {self.compact_threshold}")
+
+    @property
+    def resolved_device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
 
     @property
     def greedy(self) -> bool:

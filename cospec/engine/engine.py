@@ -154,7 +154,7 @@ class Engine:
             check_same_vocabulary(tokenizer, load_tokenizer(name), name)
 
         def load(name: str) -> PreTrainedModel:
-            return load_model(name, dtype=config.dtype,
+            return load_model(name, dtype=config.dtype, device=config.resolved_device,
                               attn_implementation=config.attn_implementation)
 
         target_model = load(target)
@@ -163,6 +163,7 @@ class Engine:
         if arbiter is not None:
             base = drafter_models[0] if drafter_models else None
             arbiter_model = ArbiterModel.load(arbiter, base, dtype=config.dtype,
+                                              device=config.resolved_device,
                                               attn_implementation=config.attn_implementation)
         slim = None
         if slim_verifier_mask is not None:
