@@ -568,8 +568,8 @@ def run_method(
 ) -> list[dict[str, Any]]:
     """Decode the items ``done`` (sample id -> correct) lacks; rows are written per chunk.
 
-    One engine decodes every chunk, so state it keeps between calls (a drafter bandit's
-    statistics) carries over; the warm-up runs on a separate engine to leave it untouched.
+    One engine decodes every chunk (models and settings are built once); the warm-up runs
+    on a separate engine. Bandit state is per query, so it never carries between chunks.
     """
     engine = build_engine(config, spec, pool)
     settings_id = config.settings_id(spec)
