@@ -12,6 +12,7 @@ GRPOConfig where the meaning is the same.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -21,18 +22,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from cospec.arbiter import ArbiterModel, ArbitratedRound, pack_rollouts
-from cospec.arbiter.model import HEAD_FILE
+from cospec.arbiter.model import HEAD_FILE, ArbiterConfig
 from cospec.engine import Engine, EngineConfig, SequenceResult
 from cospec.errors import CoSpecError
-from cospec.models import load_model, load_tokenizer
+from cospec.models import check_same_vocabulary, load_model, load_tokenizer
+from cospec.toy import tasks
 from data_gen.tasks import load_task_items, task_stop_strings
-from trainers.checkpointing import save_arbiter
+from trainers.checkpointing import (
+    TrainerState,
+    checkpoint_trainable_only,
+    list_checkpoints,
+    load_checkpoint,
+    save_arbiter,
+    save_checkpoint,
+)
 from trainers.distributed import build_accelerator, replicas_in_sync
 from trainers.grpo_objective import (
     LOSS_TYPES,
@@ -47,6 +55,8 @@ from trainers.grpo_objective import (
 from trainers.sft import PackedScorer
 
 REFERENCE_ADAPTER = "reference"
+ENGINE_FIELDS_SET_HERE = {"method", "num_draft_tokens", "max_new_tokens", "temperature",
+                          "arbiter_mode", "batch_size", "stop_strings", "seed"}
 
 
 @dataclass
@@ -105,6 +115,9 @@ class GRPOConfig:
     output_dir: str = field(default="runs/toy/grpo", metadata={"help": "where to write"})
     logging_steps: int = field(default=1, metadata={"help": "log every N steps"})
     save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps"})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "keep the newest N checkpoints (None: all)"}
+    )
     resume_from_checkpoint: bool = field(
         default=True, metadata={"help": "continue from the latest checkpoint in output_dir"}
     )
@@ -116,6 +129,12 @@ class GRPOConfig:
             raise CoSpecError(f"loss_type must be one of {LOSS_TYPES}")
         if self.num_generations < 2:
             raise CoSpecError("num_generations must be >= 2 (advantages compare a group)")
+        if self.task not in tasks.FAMILIES and not self.task_source:
+            raise CoSpecError(f"task {self.task!r} needs task_source (a training JSONL path)")
+        clash = set(self.engine) & ENGINE_FIELDS_SET_HERE
+        if clash:
+            raise CoSpecError(f"engine settings {sorted(clash)} are set by GRPO itself; use "
+                              "the GRPO fields instead")
         for name in ("prompts_per_step", "max_steps", "num_iterations", "num_train_prompts"):
             if getattr(self, name) < 1:
                 raise CoSpecError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -219,12 +238,6 @@ def decision_loss(
     )
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint (its trainer_state.json is written last)."""
-    complete = [p for p in output_dir.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
-    return max(complete, key=lambda p: int(p.name.split("-")[1]), default=None)
-
-
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop logged steps after the checkpoint we resume from: they will be redone."""
     if path.is_file():
@@ -254,6 +267,8 @@ def train(config: GRPOConfig) -> dict[str, float]:
 
     # ---- models: target, trainable arbiter, frozen stage-1 reference ---------------------
     tokenizer = load_tokenizer(config.target)
+    check_same_vocabulary(tokenizer, load_tokenizer(ArbiterConfig.load(sft_dir).base_model),
+                          "the arbiter's drafter")
     target = load_model(config.target, dtype=config.dtype, device=accelerator.device,
                         attn_implementation=config.attn_implementation)
     # Eval mode throughout: LoRA dropout off, so the ratio pi / pi_old compares the same
@@ -271,11 +286,25 @@ def train(config: GRPOConfig) -> dict[str, float]:
     trainable = [p for p in arbiter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate)
     model, optimizer = accelerator.prepare(PackedScorer(arbiter).eval(), optimizer)
-    start_step = 0
-    checkpoint = latest_checkpoint(output_dir) if config.resume_from_checkpoint else None
-    if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        start_step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+    checkpoint_trainable_only(accelerator)
+    state = TrainerState(
+        global_step=0,
+        examples_per_step=config.prompts_per_step * config.num_generations
+        * accelerator.num_processes,
+        train_fingerprint=f"{config.task}:{config.task_source}:{config.seed}:"
+                          f"{config.num_train_prompts}",
+    )
+    checkpoints = list_checkpoints(output_dir) if config.resume_from_checkpoint else []
+    if checkpoints:
+        resumed = load_checkpoint(accelerator, checkpoints[-1])
+        if (resumed.examples_per_step, resumed.train_fingerprint) != (
+                state.examples_per_step, state.train_fingerprint):
+            raise CoSpecError(f"{checkpoints[-1]} was written with other prompts or batch "
+                              "sizes; use a new output_dir")
+        state = resumed
+    start_step = state.global_step
+    if config.report_to != "none":
+        accelerator.init_trackers("cospec-grpo", config=dataclasses.asdict(config))
     pad = tokenizer.pad_token_id or 0
 
     # ---- data: a fixed prompt pool; each step's prompts depend only on (seed, step, rank) -
@@ -344,9 +373,12 @@ def train(config: GRPOConfig) -> dict[str, float]:
         if accelerator.is_main_process and (step + 1) % config.logging_steps == 0:
             with metrics_path.open("a") as f:
                 f.write(json.dumps(last) + "\n")
+        if (step + 1) % config.logging_steps == 0:
+            accelerator.log(last, step=step + 1)
             bar.set_postfix(reward=f"{last['reward_mean']:.3f}", acc=f"{last['accuracy']:.2f}")
         if (step + 1) % config.save_steps == 0 or step + 1 == config.max_steps:
-            save_checkpoint(accelerator, output_dir / f"checkpoint-{step + 1}", step + 1)
+            state.global_step = step + 1
+            save_checkpoint(accelerator, output_dir, state, config.save_total_limit)
 
     accelerator.wait_for_everyone()
     in_sync = replicas_in_sync(accelerator, model)
@@ -355,15 +387,8 @@ def train(config: GRPOConfig) -> dict[str, float]:
         (output_dir / "replicas.json").write_text(json.dumps(
             {"processes": accelerator.num_processes, "replicas_in_sync": in_sync}))
         plot_rewards(metrics_path, output_dir / "reward_curve.png")
+    accelerator.end_training()
     return last
-
-
-def save_checkpoint(accelerator: Accelerator, directory: Path, step: int) -> None:
-    """Model, optimizer and RNG state plus the step: resuming redoes nothing."""
-    accelerator.save_state(str(directory))
-    if accelerator.is_main_process:
-        (directory / "trainer_state.json").write_text(json.dumps({"step": step}))
-    accelerator.wait_for_everyone()
 
 
 def plot_rewards(metrics_path: Path, out: Path) -> None:
