@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from cospec.errors import CoSpecError
-from cospec.toy.world import MODEL_NAMES, TOY_PREFIX, toy_model_path
+from cospec.toy.world import TOY_PREFIX, WORLD_MODEL_NAMES, toy_model_path
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,8 +24,10 @@ def resolve_model_path(name_or_path: str) -> str:
     """Map ``toy:NAME`` to the shipped toy model; leave paths and Hub ids unchanged."""
     if name_or_path.startswith(TOY_PREFIX):
         name = name_or_path[len(TOY_PREFIX):]
-        if name not in MODEL_NAMES:
-            raise CoSpecError(f"unknown toy model {name!r}; choose from {list(MODEL_NAMES)}")
+        if name not in WORLD_MODEL_NAMES:
+            raise CoSpecError(
+                f"unknown toy model {name!r}; choose from {list(WORLD_MODEL_NAMES)}"
+            )
         return str(toy_model_path(name))
     return name_or_path
 

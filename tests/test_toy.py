@@ -12,7 +12,7 @@ from cospec.errors import CoSpecError
 from cospec.models import check_same_vocabulary, load_model, load_tokenizer
 from cospec.toy import tasks
 from cospec.toy.tokenizer import build_tokenizer
-from cospec.toy.world import MODEL_NAMES, SPECS
+from cospec.toy.world import SPECS, WORLD_MODEL_NAMES
 from trainers.toy_pretrain import build_world, encode_batch, training_examples
 
 
@@ -64,8 +64,8 @@ def test_tokenizer_round_trip_and_labels(tokenizer):
 
 def test_micro_world_trains_and_loads(tmp_path):
     logs = build_world(tmp_path, seed=0, max_steps=3, workers=1)
-    assert [log["name"] for log in logs] == list(MODEL_NAMES)
-    for name in MODEL_NAMES:
+    assert [log["name"] for log in logs] == list(WORLD_MODEL_NAMES)
+    for name in WORLD_MODEL_NAMES:
         model = load_model(str(tmp_path / name))
         assert json.loads((tmp_path / name / "training_log.json").read_text())["steps"] == 3
         out = model(input_ids=torch.tensor([[1, 5, 6]])).logits
@@ -78,7 +78,7 @@ def test_shipped_world_is_small_and_consistent():
     total = sum(f.stat().st_size for f in WORLD_DIR.rglob("*") if f.is_file())
     assert total < 20 * 2**20
     target = load_tokenizer("toy:target")
-    for name in MODEL_NAMES[1:]:
+    for name in WORLD_MODEL_NAMES[1:]:
         check_same_vocabulary(target, load_tokenizer(f"toy:{name}"), name)
 
 

@@ -24,7 +24,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from cospec.toy import tasks
 from cospec.toy.tokenizer import build_tokenizer
-from cospec.toy.world import MODEL_NAMES, SPECS, ToyModelSpec, toy_model_path
+from cospec.toy.world import SPECS, WORLD_MODEL_NAMES, ToyModelSpec, toy_model_path
 
 IGNORE_INDEX = -100
 
@@ -119,7 +119,7 @@ def build_world(
     """Train every toy model into ``out_dir``; ``max_steps`` overrides the budgets (tests)."""
     specs = [SPECS[n] if max_steps is None else replace(SPECS[n], max_steps=max_steps,
                                                          warmup_steps=min(5, max_steps))
-             for n in MODEL_NAMES]
+             for n in WORLD_MODEL_NAMES]
     out_dir.mkdir(parents=True, exist_ok=True)
     if workers <= 1:
         return [train_toy_model(s, out_dir, seed) for s in specs]

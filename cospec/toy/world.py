@@ -15,6 +15,10 @@ from transformers import LlamaConfig
 
 WORLD_DIR = Path(__file__).parent / "world"
 MODEL_NAMES = ("target", "drafter_math", "drafter_string")
+# A deeper target for the slim-verifier (VIA-SD) experiments: with 4 layers, only layers 1-2
+# can be skipped, which leaves DIMR a handful of masks to choose from.
+EXTRA_MODEL_NAMES = ("target_deep",)
+WORLD_MODEL_NAMES = MODEL_NAMES + EXTRA_MODEL_NAMES
 TOY_PREFIX = "toy:"
 
 
@@ -56,6 +60,12 @@ SPECS: dict[str, ToyModelSpec] = {
         family_weights={"math": 0.6, "string": 0.4},
         kind_weights={"math": {"add": 1.0, "sub": 0.03, "mul-add": 1.0, "div": 1.0}},
         max_steps=2400,
+    ),
+    "target_deep": ToyModelSpec(
+        name="target_deep", num_layers=8, hidden_size=96, num_heads=4,
+        family_weights={"math": 0.6, "string": 0.4},
+        kind_weights={"math": {"add": 1.0, "sub": 0.03, "mul-add": 1.0, "div": 1.0}},
+        max_steps=1600,
     ),
     "drafter_math": ToyModelSpec(
         name="drafter_math", num_layers=2, hidden_size=64, num_heads=4,
