@@ -242,6 +242,8 @@ class Engine:
         )
 
     def _round(self, b: _Batch, stats: EngineStats) -> None:
+        """One round for every live row: pick drafters -> draft K -> verify (slim verifier
+        tiers, then the target) -> arbitrate mismatches -> walk -> commit -> record."""
         cfg = self.config
         t0 = time.perf_counter()
         if not b.drafters:
