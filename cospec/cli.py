@@ -46,16 +46,12 @@ def _toy_report(args: argparse.Namespace) -> None:
 
 def _generate(args: argparse.Namespace) -> None:
     from cospec.engine import Engine, EngineConfig
+    from cospec.prompts import read_prompts
     from cospec.render import render_sequence
 
     prompts = list(args.prompt or [])
     if args.prompts_file:
-        path = Path(args.prompts_file)
-        if not path.is_file():
-            raise CoSpecError(f"prompts file {args.prompts_file!r} does not exist")
-        prompts += [json.loads(line)["prompt"] if line.lstrip().startswith("{") else
-                    line.rstrip("\n").replace("\\n", "\n")
-                    for line in path.read_text().splitlines() if line.strip()]
+        prompts += read_prompts(args.prompts_file)
     if not prompts:
         raise CoSpecError("give prompts with --prompt or --prompts-file")
     drafters = args.drafter or ([] if args.method == "target" else ["toy:drafter_math"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import types
 import typing
 from pathlib import Path
@@ -22,8 +21,8 @@ from pathlib import Path
 import torch
 
 from cospec.dimr import DimrConfig, DimrResult, calibration_batch, run_dimr
-from cospec.errors import CoSpecError
 from cospec.models import DTYPES, load_model, load_tokenizer
+from cospec.prompts import read_prompts
 from cospec.toy import tasks
 
 
@@ -73,30 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cospec dimr", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return parser
-
-
-def read_prompts(path: str) -> list[str]:
-    """Prompts from a file: JSONL lines with a ``prompt`` field, or one plain prompt a line."""
-    file = Path(path)
-    if not file.is_file():
-        raise CoSpecError(f"prompts file {path!r} does not exist")
-    prompts = []
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CoSpecError(f"{path}:{number}: not valid JSON: {err.msg}") from err
-            if not isinstance(record.get("prompt"), str):
-                raise CoSpecError(f"{path}:{number}: a JSONL line needs a string 'prompt'")
-            prompts.append(record["prompt"])
-        else:
-            prompts.append(line.replace("\\n", "\n"))
-    if not prompts:
-        raise CoSpecError(f"prompts file {path!r} holds no prompts")
-    return prompts
 
 
 def toy_prompts(family: str | None, n: int, seed: int) -> list[str]:

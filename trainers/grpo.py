@@ -52,6 +52,7 @@ from trainers.grpo_objective import (
     shaped_reward,
     summarise_rollout,
 )
+from trainers.metrics import MetricsLog
 from trainers.sft import PackedScorer
 
 REFERENCE_ADAPTER = "reference"
@@ -238,14 +239,6 @@ def decision_loss(
     )
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop logged steps after the checkpoint we resume from: they will be redone."""
-    if path.is_file():
-        rows = [line for line in path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(row + "\n" for row in rows))
-
-
 def main(argv: list[str] | None = None) -> None:
     from trl import TrlParser
 
@@ -311,10 +304,7 @@ def train(config: GRPOConfig) -> dict[str, float]:
     pool = load_task_items(config.task, config.task_source, "train", config.num_train_prompts,
                            config.seed)
     stop_strings = task_stop_strings(config.task, config.stop_strings)
-    metrics_path = output_dir / "metrics.jsonl"
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if accelerator.is_main_process:
-        truncate_metrics(metrics_path, start_step)
+    metrics = MetricsLog(output_dir, accelerator, resume_step=start_step)
     last: dict[str, float] = {}
     bar = tqdm(range(start_step, config.max_steps), desc="grpo",
                disable=not accelerator.is_main_process, initial=start_step,
@@ -369,12 +359,10 @@ def train(config: GRPOConfig) -> dict[str, float]:
         names = ["reward_mean", "accuracy", "rho", "accept_rate", "kl", "clip_fraction",
                  "entropy", "mean_accepted_length", "rollout_tokens_per_s", "loss",
                  "reward_std"]
-        last = dict(zip(names, mean, strict=True)) | {"step": step + 1}
-        if accelerator.is_main_process and (step + 1) % config.logging_steps == 0:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(last) + "\n")
+        values = dict(zip(names, mean, strict=True))
+        last = values | {"step": step + 1}
         if (step + 1) % config.logging_steps == 0:
-            accelerator.log(last, step=step + 1)
+            metrics.log("train", step + 1, values)
             bar.set_postfix(reward=f"{last['reward_mean']:.3f}", acc=f"{last['accuracy']:.2f}")
         if (step + 1) % config.save_steps == 0 or step + 1 == config.max_steps:
             state.global_step = step + 1
@@ -386,20 +374,17 @@ def train(config: GRPOConfig) -> dict[str, float]:
     if accelerator.is_main_process:
         (output_dir / "replicas.json").write_text(json.dumps(
             {"processes": accelerator.num_processes, "replicas_in_sync": in_sync}))
-        plot_rewards(metrics_path, output_dir / "reward_curve.png")
+        plot_rewards(metrics.records, output_dir / "reward_curve.png")
     accelerator.end_training()
     return last
 
 
-def plot_rewards(metrics_path: Path, out: Path) -> None:
+def plot_rewards(rows: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not metrics_path.is_file():
-        return
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], label="reward")
     ax.plot([r["step"] for r in rows], [r["accuracy"] for r in rows], label="accuracy")
