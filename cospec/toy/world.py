@@ -16,8 +16,11 @@ from transformers import LlamaConfig
 WORLD_DIR = Path(__file__).parent / "world"
 MODEL_NAMES = ("target", "drafter_math", "drafter_string")
 # A deeper target for the slim-verifier (VIA-SD) experiments: with 4 layers, only layers 1-2
-# can be skipped, which leaves DIMR a handful of masks to choose from.
-EXTRA_MODEL_NAMES = ("target_deep",)
+# can be skipped, which leaves DIMR a handful of masks to choose from. A generalist drafter
+# for the MetaSD experiments: trained on both families, it is a close second to each
+# specialist, so a bandit must tell near-equal arms apart (two specialists differ so much
+# that one pull of each settles the choice).
+EXTRA_MODEL_NAMES = ("target_deep", "drafter_mixed")
 WORLD_MODEL_NAMES = MODEL_NAMES + EXTRA_MODEL_NAMES
 TOY_PREFIX = "toy:"
 
@@ -77,6 +80,11 @@ SPECS: dict[str, ToyModelSpec] = {
         name="drafter_string", num_layers=2, hidden_size=64, num_heads=4,
         family_weights={"string": 1.0},
         max_steps=1200,
+    ),
+    "drafter_mixed": ToyModelSpec(
+        name="drafter_mixed", num_layers=2, hidden_size=64, num_heads=4,
+        family_weights={"math": 0.5, "string": 0.5},
+        max_steps=600,
     ),
 }
 
