@@ -1,18 +1,20 @@
 """MetaSD benchmark: the drafter bandit against fixed drafters and the per-task oracle.
 
-One run on the toy world (``toy:target``; drafter 0 = ``toy:drafter_math``, drafter 1 =
-``toy:drafter_string``), greedy, K=4, batch size 1 (the bandit state is per query), one
-torch thread. Every configuration decodes the same prompts with the same two-drafter
-engine; only the bandit config changes:
+One run on the toy world (``toy:target``; by default drafter 0 = ``toy:drafter_math``,
+drafter 1 = ``toy:drafter_string``; ``--drafters`` sets another pool), greedy, K=4, batch
+size 1 (the bandit state is per query), one torch thread; ``--temperature`` > 0 decodes
+with lossless sampling instead (same seed for every configuration). Every configuration decodes the
+same prompts with the same multi-drafter engine; only the bandit config changes:
 
-- ``drafter_math`` / ``drafter_string``: the ``fixed`` policy on one drafter;
-- ``oracle``: the specialist of each prompt's family (math prompts decoded with the math
-  drafter fixed, string prompts with the string drafter; statistics summed);
+- one ``fixed`` configuration per drafter, named after it (``drafter_math``, ...);
+- ``oracle``: the best drafter of each prompt's family, measured (the fixed drafter with
+  the highest MAL on that family's prompts; each family decoded with it, statistics summed);
 - ``ucb_bd``, ``ucb_be``: UCB with the BD / BE reward; ``discounted_ucb`` (BD),
   ``exp3`` (BD), ``random``.
 
 Greedy SPD is exact, so every configuration must emit the same tokens (checked, reported
-as ``outputs_identical``); they differ only in mean accepted length (MAL, vLLM's
+as ``outputs_identical``; under sampling each configuration draws its own samples, so only
+the distribution is shared); they differ only in mean accepted length (MAL, vLLM's
 ``1 + accepted / rounds`` over all rounds of the workload) and tokens/s. Tokens/s is wall
 clock on a shared machine: compare it within one run only. Each configuration runs
 ``--repeats`` times, interleaved with the others, and keeps its fastest time; tokens per CPU
@@ -21,11 +23,18 @@ second (one thread, so process CPU time) is less disturbed by other jobs on the 
 Workloads
 ---------
 ``mixed``: math and string test problems interleaved (m, s, m, s, ...). Best-arm curves
-(UCB-BD and UCB-BE on mixed): for each round t, among the queries still decoding at round
-t, the fraction whose drafter at round t is the specialist of the query's family;
-``best_arm_rounds`` is the first t where it reaches 0.8. UCB tries every drafter once, in
-index order, so rounds 1 and 2 are the math and the string drafter for every query (0.5 by
-construction on a balanced workload); the curves can only separate from round 3 on.
+(UCB-BD and UCB-BE on mixed), over the queries still decoding at round t: ``fraction``,
+the share whose drafter at round t is the best drafter of the query's family, and
+``cumulative``, the mean share of rounds 1..t on it. ``best_arm_rounds`` gives, for each
+(``per_round``, ``cumulative``), the first t where it reaches 0.8. UCB tries every drafter
+once, in index order, so with N drafters the curves can only separate from round N+1 on.
+
+With the two specialists, one pull of each settles the choice: both rewards reach 0.8 at
+round 3. ``--drafters toy:drafter_math toy:drafter_string toy:drafter_mixed`` adds a
+generalist that is a close second on both families, so the bandit must tell near-equal
+arms apart from a few noisy rounds. SPEC's case for BD is that BE is noisy (0 about half
+the time in the paper); greedy toy acceptance is about 0.85, so BE rarely is. Sampling at
+``--temperature 2.0`` lowers acceptance to the regime where it is.
 
 ``drifting``: the toy world cannot produce a change of best drafter *within* one
 generation. Its models are trained on single ``Q: ...\\nA:`` rows and stop at ``<eos>``
@@ -51,6 +60,9 @@ Toy-world queries last only 5-9 rounds, so exploration is expensive: at beta=1 U
 re-explores the wrong specialist around round 5-6 of many queries; beta <= 0.5 does not.
 
 Run:  python benchmarks/metasd.py --json runs/bench/metasd.json --beta 0.5 --beta-sweep 1.0 0.3
+      python benchmarks/metasd.py --json runs/bench/metasd_pool3.json --beta 0.5 \
+          --beta-sweep 1.0 0.3 --drafters toy:drafter_math toy:drafter_string toy:drafter_mixed
+      (add ``--temperature 1.0`` for lossless sampling)
 Writes the JSON and the best-arm plot next to it (same stem, ``.png``).
 """
 
@@ -72,12 +84,13 @@ from rich.table import Table
 from cospec.bandit import BanditConfig
 from cospec.engine import Engine, EngineConfig
 from cospec.engine.trace import SequenceResult
-from cospec.models import load_model, load_tokenizer
+from cospec.models import check_same_vocabulary, load_model, load_tokenizer
 from cospec.toy import tasks
 
 DRAFTERS = ("toy:drafter_math", "toy:drafter_string")
-BEST_ARM = {"math": 0, "string": 1}
+FAMILIES = ("math", "string")
 BEST_ARM_THRESHOLD = 0.8
+MIN_ALIVE_PLOTTED = 10  # later rounds hold a handful of long queries: noise, not a trend
 ORACLE_GAP = 0.10
 
 
@@ -85,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="where to write the results")
     parser.add_argument("--target", default="toy:target", help="target model (path or toy:NAME)")
+    parser.add_argument("--drafters", nargs="+", default=list(DRAFTERS),
+                        help="the drafter pool (paths or toy:NAME), in arm order")
     parser.add_argument("--mixed-per-family", type=int, default=40,
                         help="test problems per family in the mixed workload")
     parser.add_argument("--drifting-per-family", type=int, default=16,
@@ -93,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drifting-max-new-tokens", type=int, default=40,
                         help="drifting workload budget (its answers rarely reach <eos>)")
     parser.add_argument("-k", "--num-draft-tokens", type=int, default=4, help="K")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; > 0: lossless sampling at this temperature")
     parser.add_argument("--beta", type=float, default=BanditConfig.beta,
                         help="UCB exploration weight of every UCB variant")
     parser.add_argument("--beta-sweep", type=float, nargs="*", default=[],
@@ -111,25 +128,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @dataclass
 class Workload:
-    """Prompts (text or token ids), the problem each one asks, and the decoding budget."""
+    """Prompts (text or token ids), the problem each one asks, and how to decode them."""
 
     prompts: list[str | list[int]]
     problems: list[tasks.Problem]
     max_new_tokens: int
+    temperature: float = 0.0
 
     @property
     def families(self) -> list[str]:
         return [p.family for p in self.problems]
 
 
-def mixed_workload(per_family: int, seed: int, max_new: int) -> Workload:
+def mixed_workload(per_family: int, seed: int, max_new: int, temperature: float = 0.0
+                   ) -> Workload:
     math = tasks.generate("math", "test", per_family, seed)
     string = tasks.generate("string", "test", per_family, seed)
     problems = [p for pair in zip(math, string, strict=True) for p in pair]
-    return Workload([p.prompt for p in problems], problems, max_new)
+    return Workload([p.prompt for p in problems], problems, max_new, temperature)
 
 
-def drifting_workload(tokenizer, per_family: int, seed: int, max_new: int) -> Workload:
+def drifting_workload(tokenizer, per_family: int, seed: int, max_new: int,
+                      temperature: float = 0.0) -> Workload:
     """``<bos> Q_a A_a <eos> <bos> Q_b \\nA:`` with a and b of different families."""
     math = tasks.generate("math", "test", 2 * per_family, seed + 1)
     string = tasks.generate("string", "test", 2 * per_family, seed + 1)
@@ -146,17 +166,22 @@ def drifting_workload(tokenizer, per_family: int, seed: int, max_new: int) -> Wo
         solved, open_ = (math[i], string[i]) if i % 2 else (string[i], math[i])
         prompts.append(row(solved, True) + row(open_, False))
         problems.append(open_)
-    return Workload(prompts, problems, max_new)
+    return Workload(prompts, problems, max_new, temperature)
 
 
 # --- runs --------------------------------------------------------------------------------
 
 
-def bandit_configs(beta: float, seed: int) -> dict[str, dict[str, object]]:
+def drafter_label(name: str) -> str:
+    """``toy:drafter_math`` and ``/runs/x/drafter_math`` both read ``drafter_math``."""
+    return name.removeprefix("toy:").rstrip("/").rsplit("/", 1)[-1]
+
+
+def bandit_configs(drafters: list[str], beta: float, seed: int) -> dict[str, dict[str, object]]:
     """The bandit config of every pooled configuration (oracle is built from the fixed ones)."""
     return {
-        "drafter_math": {"policy": "fixed", "fixed_arm": 0},
-        "drafter_string": {"policy": "fixed", "fixed_arm": 1},
+        **{drafter_label(d): {"policy": "fixed", "fixed_arm": arm}
+           for arm, d in enumerate(drafters)},
         "ucb_bd": {"policy": "ucb", "reward": "bd", "beta": beta},
         "ucb_be": {"policy": "ucb", "reward": "be", "beta": beta},
         "discounted_ucb": {"policy": "discounted_ucb", "reward": "bd", "beta": beta},
@@ -170,7 +195,7 @@ def decode(models, workload: Workload, bandit: dict, k: int,
     """Decode (a subset of) the workload; return the counts the summaries are made of."""
     target, tokenizer, drafters = models
     config = EngineConfig(num_draft_tokens=k, max_new_tokens=workload.max_new_tokens,
-                          batch_size=1, bandit=bandit)
+                          temperature=workload.temperature, batch_size=1, bandit=bandit)
     indices = list(range(len(workload.prompts))) if indices is None else indices
     engine = Engine(target, tokenizer, drafters, config)
     cpu = time.process_time()
@@ -200,10 +225,21 @@ def merge(parts: list[dict[str, object]]) -> dict[str, object]:
     return merged
 
 
-def summary(run: dict[str, object], workload: Workload) -> dict[str, object]:
+def best_arms(fixed: list[dict[str, object]], workload: Workload) -> dict[str, int]:
+    """Each family's best drafter: the fixed drafter with the highest MAL on its prompts."""
+    def mal(run: dict[str, object], family: str) -> float:
+        rounds = [r for s, f in zip(run["sequences"], workload.families, strict=True)
+                  if f == family for r in s.rounds]
+        return 1.0 + sum(r.accepted for r in rounds) / max(1, len(rounds))
+
+    return {f: max(range(len(fixed)), key=lambda arm: mal(fixed[arm], f)) for f in FAMILIES}
+
+
+def summary(run: dict[str, object], workload: Workload, best_arm: dict[str, int]
+            ) -> dict[str, object]:
     sequences: list[SequenceResult] = run["sequences"]
     rounds = [r for seq in sequences for r in seq.rounds]
-    best = [BEST_ARM[f] for f in workload.families]
+    best = [best_arm[f] for f in workload.families]
     on_best = sum(r.drafter == b for seq, b in zip(sequences, best, strict=True)
                   for r in seq.rounds)
     correct = [tasks.grade(p, s.text) for p, s in zip(workload.problems, sequences, strict=True)]
@@ -221,95 +257,121 @@ def summary(run: dict[str, object], workload: Workload) -> dict[str, object]:
     }
 
 
-def run_workload(models, workload: Workload, k: int, beta: float, seed: int, repeats: int,
-                 console: Console) -> tuple[dict[str, object], dict[str, dict]]:
-    """Every configuration on one workload: summaries, plus the raw runs for the curves.
+def run_workload(models, drafters: list[str], workload: Workload, k: int, beta: float,
+                 seed: int, repeats: int, console: Console
+                 ) -> tuple[dict[str, object], dict[str, dict], dict[str, int]]:
+    """Every configuration on one workload: summaries, the raw runs, each family's best arm.
 
     The repeats are interleaved (every configuration once, then again) so that a change of
     load on the shared cores hits all of them; each keeps its fastest wall and CPU time.
+    The fixed drafters run first, so the oracle knows each family's best drafter.
     """
     families = workload.families
+    fixed = [drafter_label(d) for d in drafters]
+    runs: dict[str, dict] = {}
 
     def oracle() -> dict[str, object]:
+        best = best_arms([runs[name] for name in fixed], workload)
         return merge([
             decode(models, workload, {"policy": "fixed", "fixed_arm": arm}, k,
                    [i for i, f in enumerate(families) if f == family])
-            for family, arm in BEST_ARM.items()
+            for family, arm in best.items()
         ])
 
     configs = {name: (lambda bandit=bandit: decode(models, workload, bandit, k))
-               for name, bandit in bandit_configs(beta, seed).items()}
+               for name, bandit in bandit_configs(drafters, beta, seed).items()}
     configs["oracle"] = oracle
-    runs: dict[str, dict] = {}
     for repeat in range(repeats):
         for name, run_config in configs.items():
             run = run_config()
             if name in runs:
                 same = [s.token_ids for s in run["sequences"]] == [
                     s.token_ids for s in runs[name]["sequences"]]
-                assert same, f"{name}: greedy outputs changed between repeats"
+                assert same, f"{name}: outputs changed between repeats (same seed)"
                 for key in ("seconds", "cpu_seconds"):
                     run[key] = min(run[key], runs[name][key])
             runs[name] = run
             console.log(f"{name} (repeat {repeat + 1}): {run['seconds']:.1f} s")
     outputs = {name: [s.token_ids for s in run["sequences"]] for name, run in runs.items()}
-    reference = outputs["drafter_math"]
+    reference = outputs[fixed[0]]
+    best = best_arms([runs[name] for name in fixed], workload)
     result = {
         "num_prompts": len(workload.prompts),
-        "families": {f: families.count(f) for f in BEST_ARM},
+        "families": {f: families.count(f) for f in FAMILIES},
+        "best_drafter": {f: fixed[arm] for f, arm in best.items()},
         "max_new_tokens": workload.max_new_tokens,
         "repeats": repeats,
         "outputs_identical": all(o == reference for o in outputs.values()),
-        "configs": {name: summary(run, workload) for name, run in runs.items()},
+        "configs": {name: summary(run, workload, best) for name, run in runs.items()},
     }
-    return result, runs
+    return result, runs, best
 
 
-def best_arm_curve(run: dict[str, object], families: list[str]) -> dict[str, list]:
-    """Per round t (1-based): fraction of queries still decoding whose drafter is the best."""
+def best_arm_curve(run: dict[str, object], families: list[str], best_arm: dict[str, int]
+                   ) -> dict[str, list]:
+    """Best-arm ratios per round t (1-based), over the queries still decoding at round t.
+
+    ``fraction``: share whose drafter at round t is the best one. ``cumulative``: mean share
+    of each query's rounds 1..t spent on the best drafter (the bandit literature's optimal-
+    arm ratio): it also charges the rounds a reward needed to get there.
+    """
     sequences: list[SequenceResult] = run["sequences"]
     longest = max(len(s.rounds) for s in sequences)
-    fraction, alive = [], []
+    fraction, cumulative, alive = [], [], []
     for t in range(longest):
-        rows = [(s.rounds[t].drafter, BEST_ARM[f])
+        rows = [[r.drafter == best_arm[f] for r in s.rounds[:t + 1]]
                 for s, f in zip(sequences, families, strict=True) if len(s.rounds) > t]
         alive.append(len(rows))
-        fraction.append(sum(d == b for d, b in rows) / len(rows))
-    return {"round": list(range(1, longest + 1)), "fraction": fraction, "alive": alive}
+        fraction.append(sum(row[-1] for row in rows) / len(rows))
+        cumulative.append(sum(sum(row) / len(row) for row in rows) / len(rows))
+    return {"round": list(range(1, longest + 1)), "fraction": fraction,
+            "cumulative": cumulative, "alive": alive}
 
 
-def first_round_reaching(curve: dict[str, list], threshold: float) -> int | None:
-    return next((t for t, f in zip(curve["round"], curve["fraction"], strict=True)
+def first_round_reaching(curve: dict[str, list], threshold: float, key: str = "fraction"
+                         ) -> int | None:
+    return next((t for t, f in zip(curve["round"], curve[key], strict=True)
                  if f >= threshold), None)
 
 
 def plot_curves(curves: dict[str, dict[str, list]], path: Path, beta: float) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global backend state (Agg canvas)
 
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.add_subplot()
-    for name, curve in curves.items():
-        ax.plot(curve["round"], curve["fraction"], marker="o", label=name)
-    ax.axhline(BEST_ARM_THRESHOLD, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("round t")
-    ax.set_ylabel("queries on the best drafter")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(f"MetaSD best-arm fraction, mixed workload (UCB, beta={beta})")
-    ax.legend()
+    fig = Figure(figsize=(10, 3.6))
+    panels = {"fraction": "queries on the best drafter at round t",
+              "cumulative": "share of rounds 1..t on the best drafter"}
+    for i, (key, label) in enumerate(panels.items()):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for name, curve in curves.items():
+            shown = [i for i, alive in enumerate(curve["alive"]) if alive >= MIN_ALIVE_PLOTTED]
+            ax.plot([curve["round"][i] for i in shown], [curve[key][i] for i in shown],
+                    marker="o", label=name)
+        ax.axhline(BEST_ARM_THRESHOLD, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("round t")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1.05)
+        ax.legend()
+    fig.suptitle(f"MetaSD best-arm ratios, mixed workload (UCB, beta={beta}; rounds with "
+                 f">= {MIN_ALIVE_PLOTTED} queries still decoding)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def goals(mixed: dict[str, object], rounds: dict[str, int | None]) -> dict[str, object]:
+def goals(mixed: dict[str, object], rounds: dict[str, dict[str, int | None]],
+          fixed: list[str]) -> dict[str, object]:
     mal = {name: c["mean_accepted_length"] for name, c in mixed["configs"].items()}
-    singles = max(mal["drafter_math"], mal["drafter_string"])
+    singles = max(mal[name] for name in fixed)
     gap = 1.0 - mal["ucb_bd"] / mal["oracle"]
-    bd, be = rounds["bd"], rounds["be"]
+
+    def earlier(bd: int | None, be: int | None) -> bool:
+        return bd is not None and (be is None or bd < be)
+
     return {
         "ucb_bd_beats_every_single_drafter": mal["ucb_bd"] > singles,
         "ucb_bd_gap_to_oracle": gap,
         "ucb_bd_within_10pct_of_oracle": gap <= ORACLE_GAP,
-        "bd_reaches_best_arm_before_be": bd is not None and (be is None or bd < be),
+        "bd_reaches_best_arm_before_be": {ratio: earlier(r["bd"], r["be"])
+                                          for ratio, r in rounds.items()},
     }
 
 
@@ -334,60 +396,69 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     console = Console(stderr=True, width=110)
     start = time.perf_counter()
     tokenizer = load_tokenizer(args.target)
-    models = (load_model(args.target), tokenizer, [load_model(d) for d in DRAFTERS])
+    for drafter in args.drafters:
+        check_same_vocabulary(tokenizer, load_tokenizer(drafter), drafter)
+    models = (load_model(args.target), tokenizer, [load_model(d) for d in args.drafters])
+    fixed = [drafter_label(d) for d in args.drafters]
     k = args.num_draft_tokens
     machine = hardware()
 
-    mixed_load = mixed_workload(args.mixed_per_family, args.seed, args.max_new_tokens)
+    mixed_load = mixed_workload(args.mixed_per_family, args.seed, args.max_new_tokens,
+                                args.temperature)
     warm_up = Workload(mixed_load.prompts[:4], mixed_load.problems[:4], mixed_load.max_new_tokens)
     decode(models, warm_up, {"policy": "round_robin"}, k)  # first calls are slow: untimed
-    mixed, mixed_runs = run_workload(models, mixed_load, k, args.beta, args.seed,
-                                     args.repeats, console)
+    mixed, mixed_runs, best = run_workload(models, args.drafters, mixed_load, k, args.beta,
+                                           args.seed, args.repeats, console)
     print_table(console, "mixed", mixed)
     drifting_load = drifting_workload(tokenizer, args.drifting_per_family, args.seed,
-                                      args.drifting_max_new_tokens)
-    drifting, _ = run_workload(models, drifting_load, k, args.beta, args.seed,
-                               args.repeats, console)
-    drifting["target_accuracy"] = drifting["configs"]["drafter_math"]["accuracy"]
+                                      args.drifting_max_new_tokens, args.temperature)
+    drifting, _, _ = run_workload(models, args.drafters, drifting_load, k, args.beta, args.seed,
+                                  args.repeats, console)
+    drifting["target_accuracy"] = drifting["configs"][fixed[0]]["accuracy"]
     drifting["design"] = ("<bos> Q_a A_a <eos> <bos> Q_b \\nA: (solved problem of one family, "
-                          "open problem of the other); oracle = specialist of Q_b's family")
+                          "open problem of the other); oracle = best drafter of Q_b's family")
     print_table(console, "drifting", drifting)
 
-    curves = {f"ucb_{r}": best_arm_curve(mixed_runs[f"ucb_{r}"], mixed_load.families)
+    curves = {f"ucb_{r}": best_arm_curve(mixed_runs[f"ucb_{r}"], mixed_load.families, best)
               for r in ("bd", "be")}
-    rounds = {r: first_round_reaching(curves[f"ucb_{r}"], BEST_ARM_THRESHOLD)
-              for r in ("bd", "be")}
+    rounds = {ratio: {r: first_round_reaching(curves[f"ucb_{r}"], BEST_ARM_THRESHOLD, key)
+                      for r in ("bd", "be")}
+              for ratio, key in (("per_round", "fraction"), ("cumulative", "cumulative"))}
 
     mal = {name: c["mean_accepted_length"] for name, c in mixed["configs"].items()}
     sweep = {}
     for beta in args.beta_sweep:
         for reward in ("bd", "be"):
             run = decode(models, mixed_load, {"policy": "ucb", "reward": reward, "beta": beta}, k)
-            curve = best_arm_curve(run, mixed_load.families)
+            curve = best_arm_curve(run, mixed_load.families, best)
             sweep[f"ucb_{reward}_beta{beta}"] = {
-                "beta": beta, "reward": reward, **summary(run, mixed_load),
+                "beta": beta, "reward": reward, **summary(run, mixed_load, best),
                 "best_arm_round": first_round_reaching(curve, BEST_ARM_THRESHOLD),
+                "best_arm_round_cumulative": first_round_reaching(curve, BEST_ARM_THRESHOLD,
+                                                                  "cumulative"),
                 "best_arm_fraction": curve["fraction"],
+                "best_arm_cumulative": curve["cumulative"],
             }
             entry = sweep[f"ucb_{reward}_beta{beta}"]
             entry["gap_to_oracle"] = 1.0 - entry["mean_accepted_length"] / mal["oracle"]
             entry["beats_every_single_drafter"] = entry["mean_accepted_length"] > max(
-                mal["drafter_math"], mal["drafter_string"])
+                mal[name] for name in fixed)
             console.log(f"sweep ucb_{reward} beta={beta}: "
                         f"MAL {sweep[f'ucb_{reward}_beta{beta}']['mean_accepted_length']:.3f}")
 
     result = {
         "command": " ".join(["benchmarks/metasd.py", *(sys.argv[1:] if argv is None else argv)]),
         "hardware": machine,
-        "settings": {"target": args.target, "drafters": list(DRAFTERS), "k": k, "greedy": True,
-                     "batch_size": 1, "beta": args.beta, "seed": args.seed,
+        "settings": {"target": args.target, "drafters": args.drafters, "k": k,
+                     "temperature": args.temperature, "batch_size": 1, "beta": args.beta,
+                     "seed": args.seed,
                      "best_arm_threshold": BEST_ARM_THRESHOLD},
         "mixed": mixed,
         "drifting": drifting,
         "best_arm_curves": curves,
         "best_arm_rounds": rounds,
         "beta_sweep": sweep,
-        "goals": goals(mixed, rounds),
+        "goals": goals(mixed, rounds, fixed),
         "seconds": time.perf_counter() - start,
     }
     result["hardware"]["load_average_at_end"] = os.getloadavg()[0]
