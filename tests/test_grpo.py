@@ -93,9 +93,11 @@ def launch_config(tmp_path, stage1) -> Path:
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_two_processes_complete(tmp_path, stage1_arbiter):
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_deepspeed_two_processes_complete(tmp_path, stage1_arbiter, stage):
+    """ZeRO-3 shards the arbiter; rollouts gather it, and the target is loaded whole."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(REPO_ROOT / "configs" / "accelerate" / "zero2.yaml"), "--num_processes", "2",
+              str(REPO_ROOT / "configs" / "accelerate" / f"{stage}.yaml"), "--num_processes", "2",
               "-m", "trainers.grpo", "--config",
               str(launch_config(tmp_path, stage1_arbiter))]
     run_launch(launch, {"OMP_NUM_THREADS": "1"})

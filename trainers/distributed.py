@@ -16,6 +16,8 @@ content of a global batch does not depend on how it is split across ranks and mi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -113,6 +115,56 @@ def _fill_deepspeed_config(accelerator: Accelerator, **values: float) -> None:
 def is_zero3(accelerator: Accelerator) -> bool:
     plugin = accelerator.state.deepspeed_plugin
     return plugin is not None and plugin.zero_stage == 3
+
+
+@contextmanager
+def loading_whole(accelerator: Accelerator) -> Iterator[None]:
+    """Load models whole on every process, even under ZeRO-3.
+
+    Under ZeRO-3, ``from_pretrained`` after the Accelerator exists partitions the weights as
+    it loads them (``zero.Init``). That is right for the model given to ``prepare``, whose
+    engine gathers them; a frozen model used only for decoding (the target) would be left
+    with empty weights, so it is loaded outside ``zero.Init``.
+    """
+    if not is_zero3(accelerator):
+        yield
+        return
+    from transformers.integrations.deepspeed import (
+        set_hf_deepspeed_config,
+        unset_hf_deepspeed_config,
+    )
+
+    # accelerate's zero3_init_context_manager(enable=False) re-creates the HF DeepSpeed
+    # config either way in this version, so the global that from_pretrained checks is
+    # cleared directly and restored from the plugin, which keeps the config object alive.
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(accelerator.state.deepspeed_plugin.dschf)
+
+
+@contextmanager
+def gathered_for_decoding(model: torch.nn.Module, accelerator: Accelerator) -> Iterator[None]:
+    """Under ZeRO-3, hold the prepared model's parameters whole while decoding with it.
+
+    Ranks decode different prompts for different numbers of rounds, so a per-forward
+    gather (which needs every rank to run the same forwards) would hang: the shards are
+    gathered once, and DeepSpeed's forward hooks are off meanwhile (TRL's helpers, the
+    approach of its ``unwrap_model_for_generation``). Without ZeRO-3 this does nothing.
+    """
+    if not is_zero3(accelerator):
+        yield
+        return
+    import deepspeed
+    from trl.models.utils import add_hooks, remove_hooks
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        remove_hooks(model)
+        try:
+            yield
+        finally:
+            add_hooks(model)
 
 
 @dataclass(frozen=True)

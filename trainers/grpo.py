@@ -41,7 +41,12 @@ from trainers.checkpointing import (
     save_arbiter,
     save_checkpoint,
 )
-from trainers.distributed import build_accelerator, replicas_in_sync
+from trainers.distributed import (
+    build_accelerator,
+    gathered_for_decoding,
+    loading_whole,
+    replicas_in_sync,
+)
 from trainers.grpo_objective import (
     LOSS_TYPES,
     SCALE_REWARDS,
@@ -194,8 +199,10 @@ def decision_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate over every decision of ``rollouts``, one packed forward.
 
-    A process without any decision still runs a forward and a zero-weight backward over a
-    dummy round, so it joins the gradient all-reduce like every other process.
+    A process without any decision still runs the same forwards (the policy's, and the
+    reference's when ``beta`` > 0) and a zero-weight backward over a dummy round: it joins
+    the gradient all-reduce, and under ZeRO-3 every parameter gather, like every other
+    process.
     """
     k = config.num_draft_tokens
     has_decisions = any(r.decisions for r in rollouts)
@@ -205,6 +212,10 @@ def decision_loss(
         packed_inputs = [(seq, [ArbitratedRound(len(seq), seq[:k], seq[:k])])]
     batch = pack_rollouts(packed_inputs, k, pad_token_id).to(arbiter.device)
     logits = model(batch.input_ids, batch.position_ids, batch.mask, batch.round_mask)
+    reference = None
+    if config.beta > 0 and reference_head is not None:
+        with torch.no_grad(), arbiter.reference_policy(REFERENCE_ADAPTER, reference_head):
+            reference = arbiter.score_packed_batch(batch)
     if not has_decisions:
         return logits.sum() * 0.0, {"clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0}
     rows, round_index, positions, keeps, old, adv, owner = [], [], [], [], [], [], []
@@ -228,10 +239,7 @@ def decision_loss(
     decisions = torch.tensor(keeps, device=device)
     old_probs = torch.tensor(old, device=device).clamp(1e-6, 1 - 1e-6)
     old_log_probs = bernoulli_log_prob(torch.logit(old_probs), decisions)
-    reference_logits = None
-    if config.beta > 0 and reference_head is not None:
-        with torch.no_grad(), arbiter.reference_policy(REFERENCE_ADAPTER, reference_head):
-            reference_logits = arbiter.score_packed_batch(batch)[select]
+    reference_logits = reference[select] if reference is not None else None
     return clipped_surrogate_loss(
         chosen, decisions, old_log_probs, torch.tensor(adv, device=device),
         torch.tensor(owner, device=device), len(rollouts), config.epsilon,
@@ -262,8 +270,9 @@ def train(config: GRPOConfig) -> dict[str, float]:
     tokenizer = load_tokenizer(config.target)
     check_same_vocabulary(tokenizer, load_tokenizer(ArbiterConfig.load(sft_dir).base_model),
                           "the arbiter's drafter")
-    target = load_model(config.target, dtype=config.dtype, device=accelerator.device,
-                        attn_implementation=config.attn_implementation)
+    with loading_whole(accelerator):
+        target = load_model(config.target, dtype=config.dtype, device=accelerator.device,
+                            attn_implementation=config.attn_implementation)
     # Eval mode throughout: LoRA dropout off, so the ratio pi / pi_old compares the same
     # function the rollouts sampled from. Gradients flow regardless of the mode.
     arbiter = ArbiterModel.load(sft_dir, trainable=True, dtype=config.dtype,
@@ -322,7 +331,9 @@ def train(config: GRPOConfig) -> dict[str, float]:
         )
         engine = Engine(target, tokenizer, [], engine_config, arbiter=arbiter)
         started = time.perf_counter()
-        out = engine.generate([p.prompt for p in prompts for _ in range(config.num_generations)])
+        with gathered_for_decoding(model, accelerator):
+            out = engine.generate([p.prompt for p in prompts
+                                   for _ in range(config.num_generations)])
         rollout_seconds = time.perf_counter() - started
         rollouts = [
             to_rollout(seq, prompts[i // config.num_generations].grade(seq.text), config)
