@@ -135,8 +135,9 @@ def loading_whole(accelerator: Accelerator) -> Iterator[None]:
     )
 
     # accelerate's zero3_init_context_manager(enable=False) re-creates the HF DeepSpeed
-    # config either way in this version, so the global that from_pretrained checks is
-    # cleared directly and restored from the plugin, which keeps the config object alive.
+    # config either way (accelerate 1.15, transformers 5.24), so the global that
+    # from_pretrained checks is cleared directly and restored from the plugin, which keeps
+    # the config object alive.
     unset_hf_deepspeed_config()
     try:
         yield

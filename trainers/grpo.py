@@ -197,7 +197,8 @@ def decision_loss(
     reference_head: torch.nn.Linear | None,
     pad_token_id: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate over every decision of ``rollouts``, one packed forward.
+    """The clipped surrogate over every decision of ``rollouts``: one packed policy forward
+    (and the reference's when ``beta`` > 0).
 
     A process without any decision still runs the same forwards (the policy's, and the
     reference's when ``beta`` > 0) and a zero-weight backward over a dummy round: it joins
