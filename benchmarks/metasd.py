@@ -45,18 +45,27 @@ writing this benchmark). So ``drifting`` is the closest honest proxy: every prom
 training-format rows as token ids, ``<bos> Q_a A_a <eos> <bos> Q_b \\nA:``, a solved problem
 of one family followed by an open problem of the other (families alternate between
 prompts). The context drifts from one family to the other; the generation answers only
-``Q_b``, and the "oracle" is the specialist of ``Q_b``'s family. The models were not
-trained on such contexts: expect low MAL for everyone and report the target's accuracy
-(``target_accuracy``) to show how far out of distribution it is. Results on it say how the
-policies cope with a pool where neither drafter is good, not how they track drift within a
-generation (the bandit unit tests cover that on synthetic rewards).
+``Q_b``, and the "oracle" is the best drafter (measured on this workload) of ``Q_b``'s
+family. The models were not trained on such contexts: expect low MAL for everyone and
+report the target's accuracy (``target_accuracy``) to show how far out of distribution it
+is. Results on it say how the policies cope with a pool where no drafter is good, not how
+they track drift within a generation (the bandit unit tests cover that on synthetic
+rewards).
+
+The oracle's counts are those of each prompt's best fixed run (its time comes from decoding
+each family with its best drafter): under greedy the two are identical (checked), under
+sampling a second decode would be another sample, not the oracle of these runs.
 
 Goals (reported, not enforced): UCB-BD's MAL on mixed is above every single drafter's and
-within 10% of the oracle's; BD reaches the 0.8 best-arm fraction in fewer rounds than BE.
+within 10% of the oracle's; BD reaches the 0.8 best-arm ratio in fewer rounds than BE (per
+round and cumulative). A ratio counts as reached only over at least ``MIN_ALIVE`` queries
+still decoding. With N drafters UCB pulls each once first, so even perfect play reaches 0.8
+per round at round N+1 and cumulatively at round 5(N-1): 5 with two drafters, 10 with three,
+when few toy queries are still decoding.
 ``--beta`` sets UCB's exploration weight for every UCB variant (default: BanditConfig's);
 ``--beta-sweep`` adds UCB-BD / UCB-BE runs on mixed at other betas (key ``beta_sweep``).
 
-Toy-world queries last only 5-9 rounds, so exploration is expensive: at beta=1 UCB
+Greedy toy-world queries last only 5-9 rounds, so exploration is expensive: at beta=1 UCB
 re-explores the wrong specialist around round 5-6 of many queries; beta <= 0.5 does not.
 
 Run:  python benchmarks/metasd.py --json runs/bench/metasd.json --beta 0.5 --beta-sweep 1.0 0.3
@@ -74,6 +83,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -90,7 +100,8 @@ from cospec.toy import tasks
 DRAFTERS = ("toy:drafter_math", "toy:drafter_string")
 FAMILIES = ("math", "string")
 BEST_ARM_THRESHOLD = 0.8
-MIN_ALIVE_PLOTTED = 10  # later rounds hold a handful of long queries: noise, not a trend
+MIN_ALIVE = 10  # later rounds hold a handful of long queries: noise, not a trend
+RESERVED_LABELS = ("ucb_bd", "ucb_be", "discounted_ucb", "exp3", "random", "oracle")
 ORACLE_GAP = 0.10
 
 
@@ -118,8 +129,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed runs per configuration (interleaved; fastest kept)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: tiny models are overhead-bound)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the problems and bandits")
-    return parser.parse_args(argv)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the problems, the bandits and the sampling")
+    args = parser.parse_args(argv)
+    labels = [drafter_label(d) for d in args.drafters]
+    clashes = sorted({x for x in labels if labels.count(x) > 1 or x in RESERVED_LABELS})
+    if clashes:
+        parser.error(f"drafter names must be distinct and not a configuration's name: "
+                     f"{clashes} (configurations are named after the drafters' last path part)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
 
 
 
@@ -134,6 +154,7 @@ class Workload:
     problems: list[tasks.Problem]
     max_new_tokens: int
     temperature: float = 0.0
+    seed: int = 0
 
     @property
     def families(self) -> list[str]:
@@ -145,7 +166,7 @@ def mixed_workload(per_family: int, seed: int, max_new: int, temperature: float 
     math = tasks.generate("math", "test", per_family, seed)
     string = tasks.generate("string", "test", per_family, seed)
     problems = [p for pair in zip(math, string, strict=True) for p in pair]
-    return Workload([p.prompt for p in problems], problems, max_new, temperature)
+    return Workload([p.prompt for p in problems], problems, max_new, temperature, seed)
 
 
 def drifting_workload(tokenizer, per_family: int, seed: int, max_new: int,
@@ -166,7 +187,7 @@ def drifting_workload(tokenizer, per_family: int, seed: int, max_new: int,
         solved, open_ = (math[i], string[i]) if i % 2 else (string[i], math[i])
         prompts.append(row(solved, True) + row(open_, False))
         problems.append(open_)
-    return Workload(prompts, problems, max_new, temperature)
+    return Workload(prompts, problems, max_new, temperature, seed)
 
 
 # --- runs --------------------------------------------------------------------------------
@@ -195,7 +216,8 @@ def decode(models, workload: Workload, bandit: dict, k: int,
     """Decode (a subset of) the workload; return the counts the summaries are made of."""
     target, tokenizer, drafters = models
     config = EngineConfig(num_draft_tokens=k, max_new_tokens=workload.max_new_tokens,
-                          temperature=workload.temperature, batch_size=1, bandit=bandit)
+                          temperature=workload.temperature, seed=workload.seed, batch_size=1,
+                          bandit=bandit)
     indices = list(range(len(workload.prompts))) if indices is None else indices
     engine = Engine(target, tokenizer, drafters, config)
     cpu = time.process_time()
@@ -225,14 +247,27 @@ def merge(parts: list[dict[str, object]]) -> dict[str, object]:
     return merged
 
 
-def best_arms(fixed: list[dict[str, object]], workload: Workload) -> dict[str, int]:
-    """Each family's best drafter: the fixed drafter with the highest MAL on its prompts."""
+def family_mal(fixed_runs: list[dict[str, object]], workload: Workload) -> list[dict[str, float]]:
+    """Per fixed drafter (arm order), its MAL on each family's prompts."""
     def mal(run: dict[str, object], family: str) -> float:
         rounds = [r for s, f in zip(run["sequences"], workload.families, strict=True)
                   if f == family for r in s.rounds]
         return 1.0 + sum(r.accepted for r in rounds) / max(1, len(rounds))
 
-    return {f: max(range(len(fixed)), key=lambda arm: mal(fixed[arm], f)) for f in FAMILIES}
+    return [{f: mal(run, f) for f in FAMILIES} for run in fixed_runs]
+
+
+def best_arms(fixed_runs: list[dict[str, object]], workload: Workload) -> dict[str, int]:
+    """Each family's best drafter: the fixed drafter with the highest MAL on its prompts."""
+    mal = family_mal(fixed_runs, workload)
+    return {f: max(range(len(mal)), key=lambda arm: mal[arm][f]) for f in FAMILIES}
+
+
+def counts(sequences: list[SequenceResult]) -> dict[str, object]:
+    """The counts ``summary`` reads, recomputed from sequences."""
+    return {"sequences": sequences, "rounds": sum(len(s.rounds) for s in sequences),
+            "accepted": sum(s.accepted for s in sequences),
+            "emitted": sum(len(s.token_ids) for s in sequences), "switches": 0}
 
 
 def summary(run: dict[str, object], workload: Workload, best_arm: dict[str, int]
@@ -271,12 +306,17 @@ def run_workload(models, drafters: list[str], workload: Workload, k: int, beta: 
     runs: dict[str, dict] = {}
 
     def oracle() -> dict[str, object]:
-        best = best_arms([runs[name] for name in fixed], workload)
-        return merge([
+        fixed_runs = [runs[name] for name in fixed]
+        best = best_arms(fixed_runs, workload)
+        timed = merge([
             decode(models, workload, {"policy": "fixed", "fixed_arm": arm}, k,
                    [i for i, f in enumerate(families) if f == family])
             for family, arm in best.items()
         ])
+        picked = [fixed_runs[best[f]]["sequences"][i] for i, f in enumerate(families)]
+        if workload.temperature == 0:
+            assert [s.token_ids for s in timed["sequences"]] == [s.token_ids for s in picked]
+        return timed | counts(picked)
 
     configs = {name: (lambda bandit=bandit: decode(models, workload, bandit, k))
                for name, bandit in bandit_configs(drafters, beta, seed).items()}
@@ -294,14 +334,17 @@ def run_workload(models, drafters: list[str], workload: Workload, k: int, beta: 
             console.log(f"{name} (repeat {repeat + 1}): {run['seconds']:.1f} s")
     outputs = {name: [s.token_ids for s in run["sequences"]] for name, run in runs.items()}
     reference = outputs[fixed[0]]
-    best = best_arms([runs[name] for name in fixed], workload)
+    fixed_runs = [runs[name] for name in fixed]
+    best = best_arms(fixed_runs, workload)
     result = {
         "num_prompts": len(workload.prompts),
         "families": {f: families.count(f) for f in FAMILIES},
         "best_drafter": {f: fixed[arm] for f, arm in best.items()},
+        "mal_by_family": dict(zip(fixed, family_mal(fixed_runs, workload), strict=True)),
         "max_new_tokens": workload.max_new_tokens,
         "repeats": repeats,
-        "outputs_identical": all(o == reference for o in outputs.values()),
+        "outputs_identical": (all(o == reference for o in outputs.values())
+                              if workload.temperature == 0 else None),
         "configs": {name: summary(run, workload, best) for name, run in runs.items()},
     }
     return result, runs, best
@@ -323,15 +366,18 @@ def best_arm_curve(run: dict[str, object], families: list[str], best_arm: dict[s
                 for s, f in zip(sequences, families, strict=True) if len(s.rounds) > t]
         alive.append(len(rows))
         fraction.append(sum(row[-1] for row in rows) / len(rows))
-        cumulative.append(sum(sum(row) / len(row) for row in rows) / len(rows))
+        # Exact: 66 queries at exactly 4/5 must compare equal to the 0.8 threshold.
+        cumulative.append(float(sum(Fraction(sum(row), len(row)) for row in rows) / len(rows)))
     return {"round": list(range(1, longest + 1)), "fraction": fraction,
             "cumulative": cumulative, "alive": alive}
 
 
 def first_round_reaching(curve: dict[str, list], threshold: float, key: str = "fraction"
                          ) -> int | None:
-    return next((t for t, f in zip(curve["round"], curve[key], strict=True)
-                 if f >= threshold), None)
+    """First round whose ratio reaches ``threshold`` over at least ``MIN_ALIVE`` queries."""
+    return next((t for t, f, alive in zip(curve["round"], curve[key], curve["alive"],
+                                          strict=True)
+                 if f >= threshold and alive >= MIN_ALIVE), None)
 
 
 def plot_curves(curves: dict[str, dict[str, list]], path: Path, beta: float) -> None:
@@ -343,8 +389,8 @@ def plot_curves(curves: dict[str, dict[str, list]], path: Path, beta: float) -> 
     for i, (key, label) in enumerate(panels.items()):
         ax = fig.add_subplot(1, 2, i + 1)
         for name, curve in curves.items():
-            shown = [i for i, alive in enumerate(curve["alive"]) if alive >= MIN_ALIVE_PLOTTED]
-            ax.plot([curve["round"][i] for i in shown], [curve[key][i] for i in shown],
+            shown = [t for t, alive in enumerate(curve["alive"]) if alive >= MIN_ALIVE]
+            ax.plot([curve["round"][t] for t in shown], [curve[key][t] for t in shown],
                     marker="o", label=name)
         ax.axhline(BEST_ARM_THRESHOLD, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel("round t")
@@ -352,7 +398,7 @@ def plot_curves(curves: dict[str, dict[str, list]], path: Path, beta: float) -> 
         ax.set_ylim(0, 1.05)
         ax.legend()
     fig.suptitle(f"MetaSD best-arm ratios, mixed workload (UCB, beta={beta}; rounds with "
-                 f">= {MIN_ALIVE_PLOTTED} queries still decoding)")
+                 f">= {MIN_ALIVE} queries still decoding)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -376,8 +422,10 @@ def goals(mixed: dict[str, object], rounds: dict[str, dict[str, int | None]],
 
 
 def print_table(console: Console, title: str, result: dict[str, object]) -> None:
+    identical = result["outputs_identical"]
+    identical = "n/a (sampling)" if identical is None else identical
     table = Table(title=f"{title}: {result['num_prompts']} prompts, "
-                        f"outputs identical: {result['outputs_identical']}")
+                        f"outputs identical: {identical}")
     for column in ("config", "MAL", "tokens/s", "tokens/cpu-s", "rounds/query", "on best",
                    "switches", "acc"):
         table.add_column(column, justify="right")
@@ -405,7 +453,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     mixed_load = mixed_workload(args.mixed_per_family, args.seed, args.max_new_tokens,
                                 args.temperature)
-    warm_up = Workload(mixed_load.prompts[:4], mixed_load.problems[:4], mixed_load.max_new_tokens)
+    warm_up = Workload(mixed_load.prompts[:4], mixed_load.problems[:4], mixed_load.max_new_tokens,
+                       mixed_load.temperature, mixed_load.seed)
     decode(models, warm_up, {"policy": "round_robin"}, k)  # first calls are slow: untimed
     mixed, mixed_runs, best = run_workload(models, args.drafters, mixed_load, k, args.beta,
                                            args.seed, args.repeats, console)
