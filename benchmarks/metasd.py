@@ -257,9 +257,8 @@ def family_mal(fixed_runs: list[dict[str, object]], workload: Workload) -> list[
     return [{f: mal(run, f) for f in FAMILIES} for run in fixed_runs]
 
 
-def best_arms(fixed_runs: list[dict[str, object]], workload: Workload) -> dict[str, int]:
+def best_arms(mal: list[dict[str, float]]) -> dict[str, int]:
     """Each family's best drafter: the fixed drafter with the highest MAL on its prompts."""
-    mal = family_mal(fixed_runs, workload)
     return {f: max(range(len(mal)), key=lambda arm: mal[arm][f]) for f in FAMILIES}
 
 
@@ -307,7 +306,7 @@ def run_workload(models, drafters: list[str], workload: Workload, k: int, beta: 
 
     def oracle() -> dict[str, object]:
         fixed_runs = [runs[name] for name in fixed]
-        best = best_arms(fixed_runs, workload)
+        best = best_arms(family_mal(fixed_runs, workload))
         timed = merge([
             decode(models, workload, {"policy": "fixed", "fixed_arm": arm}, k,
                    [i for i, f in enumerate(families) if f == family])
@@ -335,12 +334,13 @@ def run_workload(models, drafters: list[str], workload: Workload, k: int, beta: 
     outputs = {name: [s.token_ids for s in run["sequences"]] for name, run in runs.items()}
     reference = outputs[fixed[0]]
     fixed_runs = [runs[name] for name in fixed]
-    best = best_arms(fixed_runs, workload)
+    mal = family_mal(fixed_runs, workload)
+    best = best_arms(mal)
     result = {
         "num_prompts": len(workload.prompts),
         "families": {f: families.count(f) for f in FAMILIES},
         "best_drafter": {f: fixed[arm] for f, arm in best.items()},
-        "mal_by_family": dict(zip(fixed, family_mal(fixed_runs, workload), strict=True)),
+        "mal_by_family": dict(zip(fixed, mal, strict=True)),
         "max_new_tokens": workload.max_new_tokens,
         "repeats": repeats,
         "outputs_identical": (all(o == reference for o in outputs.values())
