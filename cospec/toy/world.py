@@ -19,8 +19,11 @@ MODEL_NAMES = ("target", "drafter_math", "drafter_string")
 # can be skipped, which leaves DIMR a handful of masks to choose from. A generalist drafter
 # for the MetaSD experiments: trained on both families, it is a close second to each
 # specialist, so a bandit must tell near-equal arms apart (two specialists differ so much
-# that one pull of each settles the choice).
-EXTRA_MODEL_NAMES = ("target_deep", "drafter_mixed")
+# that one pull of each settles the choice). Two small specialists (1 layer, hidden 32,
+# about 1/50 of the target's parameters, as the published 68M drafters are of a 7B target)
+# put MetaSD in the published regime, where BE is 0 in about half of even the best
+# drafter's rounds; the full specialists accept so much that BE is almost never 0.
+EXTRA_MODEL_NAMES = ("target_deep", "drafter_mixed", "drafter_math_small", "drafter_string_small")
 WORLD_MODEL_NAMES = MODEL_NAMES + EXTRA_MODEL_NAMES
 TOY_PREFIX = "toy:"
 
@@ -85,6 +88,17 @@ SPECS: dict[str, ToyModelSpec] = {
         name="drafter_mixed", num_layers=2, hidden_size=64, num_heads=4,
         family_weights={"math": 0.5, "string": 0.5},
         max_steps=600,
+    ),
+    "drafter_math_small": ToyModelSpec(
+        name="drafter_math_small", num_layers=1, hidden_size=32, num_heads=2,
+        family_weights={"math": 1.0},
+        kind_weights={"math": {"add": 0.35, "sub": 0.45, "mul-add": 0.1, "div": 0.1}},
+        max_steps=300,
+    ),
+    "drafter_string_small": ToyModelSpec(
+        name="drafter_string_small", num_layers=1, hidden_size=32, num_heads=2,
+        family_weights={"string": 1.0},
+        max_steps=300,
     ),
 }
 
