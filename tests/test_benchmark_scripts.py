@@ -15,7 +15,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from metasd import MIN_ALIVE, best_arm_curve, first_round_reaching, parse_args
+from metasd import (
+    MIN_ALIVE,
+    Workload,
+    best_arm_curve,
+    family_be_zero,
+    family_mal,
+    first_round_reaching,
+    parse_args,
+)
 from viasd import expected_best_of_random
 
 
@@ -30,11 +38,17 @@ def test_expected_best_of_random_equals_enumeration(n: int) -> None:
 @dataclass
 class _Round:
     drafter: int
+    accepted: int = 0
 
 
 @dataclass
 class _Sequence:
     rounds: list[_Round]
+
+
+@dataclass
+class _Problem:
+    family: str
 
 
 def _run(drafters_per_query: list[list[int]]) -> dict[str, object]:
@@ -65,3 +79,16 @@ def test_best_arm_round_needs_enough_queries_alive() -> None:
 def test_metasd_refuses_ambiguous_drafter_names(drafters: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--json", "out.json", "--drafters", *drafters])
+
+
+def test_family_statistics_of_fixed_runs() -> None:
+    # Two queries per family; per round accepted counts below. MAL = 1 + mean accepted and
+    # the BE = 0 share, over each family's rounds only.
+    accepted = [[0, 4, 2], [3, 0], [1, 1], [0, 0, 0, 4]]
+    run = {"sequences": [_Sequence([_Round(0, a) for a in q]) for q in accepted]}
+    problems = [_Problem(f) for f in ("math", "string", "math", "string")]
+    workload = Workload([""] * 4, problems, max_new_tokens=8)
+    math_rounds, string_rounds = [0, 4, 2, 1, 1], [3, 0, 0, 0, 0, 4]
+    assert family_mal([run], workload) == [{
+        "math": 1 + sum(math_rounds) / 5, "string": 1 + sum(string_rounds) / 6}]
+    assert family_be_zero([run], workload) == [{"math": 1 / 5, "string": 4 / 6}]
