@@ -20,9 +20,9 @@ MODEL_NAMES = ("target", "drafter_math", "drafter_string")
 # for the MetaSD experiments: trained on both families, it is a close second to each
 # specialist, so a bandit must tell near-equal arms apart (two specialists differ so much
 # that one pull of each settles the choice). Two small specialists (1 layer, hidden 32,
-# about 1/50 of the target's parameters, as the published 68M drafters are of a 7B target)
-# put MetaSD in the published regime, where BE is 0 in about half of even the best
-# drafter's rounds; the full specialists accept so much that BE is almost never 0.
+# about 1/50 of the target's parameters; the published 68M drafters are about 1/100 of a
+# 7B target) put MetaSD in the published regime where BE is 0 in about half of even the
+# best drafter's rounds; the full specialists accept so much that BE is almost never 0.
 EXTRA_MODEL_NAMES = ("target_deep", "drafter_mixed", "drafter_math_small", "drafter_string_small")
 WORLD_MODEL_NAMES = MODEL_NAMES + EXTRA_MODEL_NAMES
 TOY_PREFIX = "toy:"
