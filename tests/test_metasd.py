@@ -236,6 +236,25 @@ def test_toy_world_ucb_picks_the_specialist_of_each_family():
         assert late.count(best) >= 0.75 * len(late), (problem.family, late)
 
 
+@pytest.mark.parametrize("family", ["math", "string"])
+def test_small_specialists_are_in_the_published_be_zero_regime(family):
+    """SPEC 2.3's case for BD: BE is 0 in a large share of even the best drafter's rounds.
+    The small specialists (the MetaSD benchmark's pool) are in that regime on their own
+    family at T=1; the full specialists accept so much that BE is rarely 0."""
+    problems = tasks.generate(family, "test", 16, seed=0)
+
+    def be_zero_share(drafter: str) -> float:
+        engine = Engine.from_pretrained("toy:target", [drafter], EngineConfig(
+            batch_size=16, max_new_tokens=64, temperature=1.0, seed=0))
+        rounds = [r for s in engine.generate([p.prompt for p in problems]).sequences
+                  for r in s.rounds]
+        return sum(r.accepted == 0 for r in rounds) / len(rounds)
+
+    small = be_zero_share(f"toy:drafter_{family}_small")
+    full = be_zero_share(f"toy:drafter_{family}")
+    assert small >= 0.25 and full <= 0.15, (small, full)
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
