@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
+
+from cospec.errors import CoSpecError
 
 
 def hardware() -> dict[str, object]:
@@ -31,3 +35,14 @@ def hardware() -> dict[str, object]:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a benchmark's ``main`` the way ``cospec`` runs a subcommand: bad input (a wrong
+    path, a drafter with another vocabulary, an empty workload) is one ``NAME: error: ...``
+    line and exit status 2, not a traceback from deep inside."""
+    try:
+        main()
+    except CoSpecError as err:
+        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from _shared import run_script
 from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache
@@ -132,4 +133,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from _shared import hardware
+from _shared import hardware, run_script
 from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache, PreTrainedModel
@@ -494,4 +494,4 @@ def print_report(console: Console, report: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -99,7 +99,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
-from _shared import hardware
+from _shared import hardware, run_script
 from rich.console import Console
 from rich.table import Table
 
@@ -150,8 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if clashes:
         parser.error(f"drafter names must be distinct and not a configuration's name: "
                      f"{clashes} (configurations are named after the drafters' last path part)")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    for flag in ("repeats", "mixed_per_family", "drifting_per_family", "max_new_tokens",
+                 "drifting_max_new_tokens", "num_draft_tokens", "threads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     return args
 
 
@@ -556,4 +558,4 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import optuna
 import torch
-from _shared import hardware
+from _shared import hardware, run_script
 from rich.console import Console
 from rich.table import Table
 from transformers import DynamicCache, PreTrainedModel
@@ -634,4 +634,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

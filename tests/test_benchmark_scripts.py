@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+from _shared import run_script
 from metasd import (
     MIN_ALIVE,
     Workload,
@@ -25,6 +26,8 @@ from metasd import (
     parse_args,
 )
 from viasd import expected_best_of_random
+
+from cospec.errors import CoSpecError
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -92,3 +95,21 @@ def test_family_statistics_of_fixed_runs() -> None:
     assert family_mal([run], workload) == [{
         "math": 1 + sum(math_rounds) / 5, "string": 1 + sum(string_rounds) / 6}]
     assert family_be_zero([run], workload) == [{"math": 1 / 5, "string": 4 / 6}]
+
+
+@pytest.mark.parametrize("flag", ["--mixed-per-family", "--repeats", "-k"])
+def test_metasd_refuses_counts_below_one(flag: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--json", "out.json", flag, "0"])
+
+
+def test_bad_input_is_one_error_line_and_status_2(capsys) -> None:
+    def main() -> None:
+        raise CoSpecError("tokenizer path '/nope' does not exist or is not a directory")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(main)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("error: tokenizer path '/nope' does not exist "
+                                             "or is not a directory")
